@@ -1,0 +1,18 @@
+"""Attention, from scratch: the tested helpers the course notebooks import.
+
+One module per idea, in the order the chapters meet them:
+
+    lookup      chapter 01  hard and soft dictionary lookup
+    attention   chapter 02  softmax and scaled dot-product attention
+    masks       chapter 04  causal and padding masks
+    multihead   chapter 05  multi-head attention
+    recurrent   chapter 06  a running-summary RNN
+    position    chapter 07  sinusoidal positions and rotary embeddings
+    models      chapters 05-07  small models (TinyTransformer with a KV cache)
+    flash       chapter 08  tiled attention and a Triton FlashAttention kernel
+
+plus `checks` (exercise checkers), `widgets` (interactive explorers), `env` (environment
+report) and `cli` (the `course` command).
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,106 @@
+"""The `course` command: build exercises, re-execute notebooks, check and grade submissions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+
+def cmd_build_exercises(args: argparse.Namespace) -> int:
+    from course_lib.exercises import build
+
+    result = build(args.solutions, args.exercises, check=args.check)
+    if args.check:
+        if result.stale:
+            for path in result.stale:
+                print(f"stale: {path}")
+            print("exercises/ is out of date: run `course build-exercises` and commit the result.")
+            return 1
+        print("exercises/ is up to date with solutions/.")
+        return 0
+    for path in result.written:
+        print(f"wrote {path}")
+    for path in result.removed:
+        print(f"removed {path} (no solution notebook of that name)")
+    if not (result.written or result.removed):
+        print("exercises/ was already up to date.")
+    return 0
+
+
+def cmd_execute(args: argparse.Namespace) -> int:
+    from course_lib.notebooks import execute_in_place
+
+    paths: list[Path] = []
+    for p in args.paths:
+        p = Path(p)
+        paths.extend(sorted(p.glob("*.ipynb")) if p.is_dir() else [p])
+    for path in paths:
+        seconds = execute_in_place(path, timeout=args.timeout)
+        print(f"{seconds:6.1f} s  {path}")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from course_lib.env import environment_report
+
+    for key, value in environment_report().items():
+        print(f"{key:>14}: {value}")
+    return 0
+
+
+def cmd_grade(args: argparse.Namespace) -> int:
+    from course_lib import grading
+
+    return grading.main_grade(args)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from course_lib import grading
+
+    return grading.main_check(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="course", description="Attention, from scratch: course tools for learners, authors and graders.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("build-exercises", help="generate exercises/ from solutions/ (--check: fail if stale)")
+    p.add_argument("--check", action="store_true", help="only compare; exit 1 if exercises/ is out of date")
+    p.add_argument("--solutions", type=Path, default=Path("solutions"), help=argparse.SUPPRESS)
+    p.add_argument("--exercises", type=Path, default=Path("exercises"), help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_build_exercises)
+
+    p = sub.add_parser("execute", help="authors: re-execute notebooks in place, reproducibly")
+    p.add_argument("paths", nargs="+", help="notebooks or folders of notebooks")
+    p.add_argument("--timeout", type=int, default=300, help="seconds allowed per cell (default 300)")
+    p.set_defaults(func=cmd_execute)
+
+    p = sub.add_parser("env", help="print versions, CPU/GPU and Triton status")
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("check", help="learners: run your exercise notebook and show the score table with hints")
+    p.add_argument("notebook", type=Path)
+    p.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell (default 60)")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("grade", help="instructors: grade submitted exercise notebooks")
+    p.add_argument("submissions", nargs="+", type=Path, metavar="SUBMISSION")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print one JSON object per submission, as a list")
+    fmt.add_argument("--csv", action="store_true", help="print one CSV row per submission and exercise")
+    p.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell (default 60)")
+    p.add_argument("--memory-mb", type=int, default=4096, help="memory cap per kernel in MB (default 4096)")
+    p.set_defaults(func=cmd_grade)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

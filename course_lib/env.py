@@ -1,0 +1,80 @@
+"""What this machine offers the course: versions, CPU/GPU, Triton, and notebook set-up."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import random
+import sys
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int = 0) -> None:
+    """Seed Python, NumPy and PyTorch so every notebook prints the same numbers on every run."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def setup_notebook(seed: int = 0) -> None:
+    """The first call of every notebook: seeds, print precision, and a plotting style.
+
+    Printing tensors with 4 decimals keeps outputs stable across machines, whose last float
+    digits may differ with the number of threads.
+    """
+    seed_everything(seed)
+    torch.set_printoptions(precision=4, sci_mode=False)
+    np.set_printoptions(precision=4, suppress=True)
+    try:
+        import matplotlib.pyplot as plt
+
+        plt.rcParams.update({"figure.dpi": 90, "axes.grid": False, "figure.figsize": (6, 3.5)})
+    except ImportError:  # matplotlib is a dependency; stay importable without it anyway
+        pass
+
+
+def pick_device() -> torch.device:
+    """CUDA when a GPU is present, else the CPU. Every chapter runs on either."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def triton_status() -> str:
+    """One line saying how chapter 08's Triton kernel will run here.
+
+    Never touches `triton.runtime.driver` (that fails without a GPU driver); only asks whether
+    the package is installed and whether CUDA is available.
+    """
+    if importlib.util.find_spec("triton") is None:
+        return "not installed (Linux only): chapter 08 runs its pure-torch tiled reference instead"
+    if torch.cuda.is_available():
+        return "installed, compiled kernels on " + torch.cuda.get_device_name(0)
+    return "installed, no GPU: kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1)"
+
+
+def environment_report() -> dict[str, str]:
+    """Versions and hardware, as a dict of short strings (chapter 00 prints it)."""
+    def version(name: str) -> str:
+        try:
+            from importlib.metadata import version as v
+
+            return v(name)
+        except Exception:
+            return "not installed"
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU only)"
+    return {
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpu cores": str(os.cpu_count()),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "matplotlib": version("matplotlib"),
+        "ipywidgets": version("ipywidgets"),
+        "triton": version("triton"),
+        "gpu": gpu,
+        "triton status": triton_status(),
+        "interpreter": sys.executable,
+    }

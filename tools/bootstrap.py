@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Set up the course's virtual environment if needed, then open the lab or run the tests.
+
+    python3 tools/bootstrap.py lab     # JupyterLab on the course, with the course's kernel
+    python3 tools/bootstrap.py test    # the whole test suite (unit tests, nbval, exercises)
+    python3 tools/bootstrap.py setup   # only create/refresh .venv
+
+Standard library only, so it runs on a fresh machine (Linux, macOS, Windows: `py tools\\bootstrap.py`).
+The environment lives in .venv and is rebuilt only when pyproject.toml or constraints.txt change.
+Extra arguments after `test` go to pytest (e.g. `-k lookup`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".course-install-stamp"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / ("python.exe" if os.name == "nt" else "python")
+
+
+def say(msg: str) -> None:
+    print(f"[course] {msg}", flush=True)
+
+
+def run(*cmd, **kw) -> None:
+    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT, **kw)
+
+
+def wanted_stamp() -> str:
+    h = hashlib.sha256()
+    for name in ("pyproject.toml", "constraints.txt"):
+        h.update((ROOT / name).read_bytes())
+    h.update(sys.version.encode())
+    return h.hexdigest()
+
+
+def setup() -> None:
+    """Create .venv and install the course with the pinned versions, unless already done."""
+    if sys.version_info < (3, 10):
+        sys.exit(f"The course needs Python 3.10 or newer; this is {sys.version.split()[0]}.")
+    stamp = wanted_stamp()
+    if PY.exists() and STAMP.exists() and STAMP.read_text() == stamp:
+        return
+    if VENV.exists() and not PY.exists():
+        shutil.rmtree(VENV)
+    if not PY.exists():
+        say(f"creating a virtual environment in {VENV.name}/")
+        run(sys.executable, "-m", "venv", VENV)
+    say("installing the course and its pinned dependencies (first time: a few minutes)")
+    run(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    run(PY, "-m", "pip", "install", "--quiet", "-c", "constraints.txt", "-e", ".[test]")
+    # Register the environment's kernel so JupyterLab runs notebooks with this interpreter.
+    run(PY, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3",
+        "--display-name", "Python 3 (attention course)")
+    STAMP.write_text(stamp)
+    say("environment ready")
+
+
+def lab(args: list[str]) -> None:
+    setup()
+    say("opening JupyterLab on notebooks/00_start_here.ipynb (Ctrl-C to stop)")
+    run(BIN / "jupyter", "lab", "--notebook-dir", ROOT, "notebooks/00_start_here.ipynb", *args)
+
+
+def test(args: list[str]) -> None:
+    setup()
+    env = dict(os.environ, PYTHONHASHSEED="0", MPLBACKEND="Agg")
+    say("checking that exercises/ matches solutions/")
+    run(BIN / "course", "build-exercises", "--check", env=env)
+    say("running the test suite: unit tests, notebooks (nbval), exercises, grader")
+    workers = "2" if (os.cpu_count() or 1) >= 2 else "0"
+    run(PY, "-m", "pytest", "-n", workers, "--dist", "loadfile",
+        "tests", "notebooks", "solutions",
+        "--nbval", "--nbval-current-env", "--nbval-cell-timeout", "120",
+        "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", *args, env=env)
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"lab", "test", "setup"}:
+        sys.exit(__doc__)
+    command, args = sys.argv[1], sys.argv[2:]
+    try:
+        {"lab": lab, "test": test, "setup": lambda a: setup()}[command](args)
+    except subprocess.CalledProcessError as e:
+        sys.exit(e.returncode)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
