@@ -1,0 +1,89 @@
+"""Chapter 04: masks say which keys each query may look at.
+
+Convention (the one `torch.nn.functional.scaled_dot_product_attention` uses): a boolean mask is
+True where a query MAY attend and False where it may not. Attention turns a boolean mask into an
+additive one, M = 0 where allowed and -inf where not, and computes softmax(QKᵀ/√d_k + M) V, so a
+blocked key gets exp(-inf) = 0 weight, exactly.
+
+    causal_mask(4)                 padding_mask([3, 1], n_keys=4)
+    [[T, F, F, F],                 [[[T, T, T, F]],
+     [T, T, F, F],                  [[T, F, F, F]]]      shape (batch, 1, n_keys)
+     [T, T, T, F],
+     [T, T, T, T]]                 query i sees keys 0..i; sequence b sees its first lengths[b] keys
+
+This module imports nothing from the rest of the course (attention imports masks, not back).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def _check_count(value, name: str) -> int:
+    """A positive Python (or 0-d tensor) integer; bools are rejected although they are ints."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+    return value
+
+
+def causal_mask(n_queries: int, n_keys: int | None = None, device=None) -> torch.Tensor:
+    """Boolean (n_queries, n_keys) mask, True on and below the diagonal: query i sees keys 0..i.
+
+    A model that writes text left to right may not peek at later tokens; this mask forbids it.
+    n_keys defaults to n_queries. When n_keys != n_queries the diagonal starts at the TOP-LEFT
+    corner (mask[i, j] = j <= i), exactly like `scaled_dot_product_attention(..., is_causal=True)`.
+    Note: for queries that are the LAST n_queries of n_keys positions (decoding with a KV cache)
+    you want the bottom-right alignment instead, `torch.ones(n_q, n_k).tril(n_k - n_q).bool()`.
+    """
+    n_queries = _check_count(n_queries, "n_queries")
+    n_keys = n_queries if n_keys is None else _check_count(n_keys, "n_keys")
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril()  # (n_q, n_k)
+
+
+def padding_mask(lengths: Sequence[int] | torch.Tensor, n_keys: int) -> torch.Tensor:
+    """Boolean (batch, 1, n_keys) mask, True for the first lengths[b] keys of sequence b.
+
+    Ragged sequences are padded to a common length n_keys; the padding must receive no weight.
+    The middle axis of size 1 broadcasts over queries, so the mask applies to scores of shape
+    (batch, n_q, n_keys); for (batch, heads, n_q, n_keys) scores use `padding_mask(...)[:, None]`.
+    A length of 0 is allowed: every query of that sequence is then fully masked (attention gives
+    it zero weights and a zero output, not NaN).
+    """
+    n_keys = _check_count(n_keys, "n_keys")
+    if isinstance(lengths, torch.Tensor):
+        if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+            raise ValueError(f"lengths must hold integers, got a tensor of dtype {lengths.dtype}")
+        t = lengths
+    else:
+        try:
+            items = list(lengths)
+        except TypeError:
+            raise ValueError(f"lengths must be a sequence of integers, got {type(lengths).__name__}") from None
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+            raise ValueError(f"lengths must be a sequence of integers, got {items!r}")
+        t = torch.tensor(items, dtype=torch.long)
+    if t.ndim != 1 or t.numel() == 0:
+        raise ValueError(f"lengths must be one non-empty list of integers of shape (batch,), "
+                         f"got shape {tuple(t.shape)}")
+    if (t < 0).any() or (t > n_keys).any():
+        raise ValueError(f"every length must lie in 0..n_keys={n_keys}, got lengths {t.tolist()}")
+    positions = torch.arange(n_keys, device=t.device)  # (n_keys,)
+    return (positions[None, :] < t[:, None])[:, None, :]  # (batch, 1, n_keys)
+
+
+def as_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The additive form of a boolean mask: 0.0 where True (may attend), -inf where False."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"mask must be a boolean tensor, got {got}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return zeros.masked_fill(~mask, float("-inf"))
