@@ -39,7 +39,7 @@ def call(fn: Callable, *args, name: str | None = None, **kwargs) -> Any:
         return fn(*args, **kwargs)
     except NotImplementedError as e:
         hint = str(e).strip()
-        fail(f"`{name}` is not written yet" + (f" (hint: {hint})" if hint else "") + ".")
+        fail(f"`{name}` (or a function it calls) is not written yet" + (f". Hint: {hint}" if hint else "."))
     except CheckFailure:
         raise
     except Exception as e:  # noqa: BLE001 - any learner error becomes feedback
