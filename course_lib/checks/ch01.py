@@ -61,6 +61,8 @@ def soft_lookup(fn) -> None:
     for query, keys, values, temperature, (want_value, want_weights) in cases:
         with forbid((lookup, "soft_lookup"), exercise="soft_lookup"):
             result = call(fn, query.copy(), keys.copy(), values.copy(), temperature, name="soft_lookup")
+        if result is None:
+            fail("soft_lookup returned None: did you forget to `return` the pair (value, weights)?")
         if not (isinstance(result, tuple) and len(result) == 2):
             fail(f"soft_lookup should return a pair (value, weights); it returned "
                  f"{type(result).__name__}{'' if not isinstance(result, tuple) else f' of length {len(result)}'}.")

@@ -1,0 +1,125 @@
+"""Chapter 01's checkers pass right answers and turn every kind of wrong answer into feedback."""
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.checks import CheckFailure
+from course_lib.checks import ch01 as check
+
+
+def scores_ok(query, keys):
+    return keys @ query
+
+
+def softmax_ok(scores, temperature=1.0):
+    z = scores / temperature
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def lookup_ok(query, keys, values, temperature=1.0):
+    w = softmax_ok(scores_ok(query, keys), temperature)
+    return w @ values, w
+
+
+def gradient_ok(query, keys, values, temperature=1.0):
+    q = torch.tensor(query, requires_grad=True)
+    value = torch.softmax(torch.tensor(keys) @ q / temperature, 0) @ torch.tensor(values)
+    value.backward()
+    return q.grad
+
+
+def not_implemented(*args):
+    raise NotImplementedError("keys @ query")
+
+
+def explodes(*args):
+    return {}["missing"]
+
+
+CORRECT = {
+    check.similarity_scores: scores_ok,
+    check.softmax_weights: softmax_ok,
+    check.soft_lookup: lookup_ok,
+    check.query_gradient: gradient_ok,
+}
+
+# Wrong answers every checker must survive, with the words we expect in the feedback.
+GENERIC_WRONG = [
+    (None, "None"),
+    (42, "should be a function"),
+    (not_implemented, "not written yet. Hint: keys @ query"),
+    (explodes, "raised KeyError"),
+    (lambda *a: None, "forget to `return`"),
+    (lambda *a: "text", "should be a tensor|should return a pair"),
+]
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+def test_correct_answers_pass(checker, capsys):
+    checker(CORRECT[checker])
+    assert capsys.readouterr().out.startswith("✔")
+
+
+def test_torch_answers_pass_too():
+    check.similarity_scores(lambda q, k: torch.tensor(k) @ torch.tensor(q))
+    check.softmax_weights(lambda s, t=1.0: torch.softmax(torch.tensor(s) / t, 0))
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("wrong,words", GENERIC_WRONG, ids=[w for _, w in GENERIC_WRONG])
+def test_generic_wrong_answers_give_feedback(checker, wrong, words):
+    with pytest.raises(CheckFailure) as info:
+        checker(wrong)
+    assert any(w in str(info.value) for w in words.split("|")), str(info.value)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda q, k: np.outer(k @ q, k @ q), "expected one score per key"),
+    (lambda q, k: (k @ q) * 2, "differs from the expected values"),
+    (lambda q, k: np.full(k.shape[0], np.nan), "NaN"),
+    (lambda q, k: k.T @ k, "shape"),
+])
+def test_wrong_scores(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.similarity_scores(wrong)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda s, t=1.0: np.exp(s / t) / np.exp(s / t).sum(), "overflows"),
+    (lambda s, t=1.0: np.exp(s - s.max()), "not 1"),
+    (lambda s, t=1.0: softmax_ok(s, 1.0), "temperature"),
+    (lambda s, t=1.0: softmax_ok(s, t)[:-1], "shape"),
+])
+def test_wrong_softmax(wrong, words):
+    with np.errstate(all="ignore"), pytest.raises(CheckFailure, match=words):
+        check.softmax_weights(wrong)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda q, k, v, t=1.0: softmax_ok(k @ q, t) @ v, "should return a pair"),
+    (lambda q, k, v, t=1.0: (v.mean(0), softmax_ok(k @ q, t)), "blended value"),
+    (lambda q, k, v, t=1.0: (softmax_ok(k @ q, t) @ v, np.ones(len(k))), "the weights"),
+    (lambda q, k, v, t=1.0: (1, 2, 3), "length 3"),
+])
+def test_wrong_lookup(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.soft_lookup(wrong)
+
+
+def test_calling_the_course_reference_earns_nothing():
+    from course_lib.lookup import soft_lookup as reference
+
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.soft_lookup(lambda q, k, v, t=1.0: reference(q, k, v, t))
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda q, k, v, t=1.0: torch.zeros(len(q)), "all zeros"),
+    (lambda q, k, v, t=1.0: torch.tensor(1.0), "single number"),
+    (lambda q, k, v, t=1.0: -gradient_ok(q, k, v, t), "differs"),
+])
+def test_wrong_gradient(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.query_gradient(wrong)
