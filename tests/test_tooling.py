@@ -1,0 +1,68 @@
+"""The `course` command, the reproducible notebook executor, and the committed notebooks' hygiene."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.cli import build_parser, main
+from course_lib.notebooks import WIDGET_VIEW, execute_in_place
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+def test_course_help_lists_its_commands():
+    out = subprocess.run([sys.executable, "-m", "course_lib.cli", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for command in ("build-exercises", "execute", "env", "check", "grade"):
+        assert command in out
+
+
+def test_build_exercises_check_exit_codes(tmp_path, capsys):
+    assert main(["build-exercises", "--check", "--solutions", str(ROOT / "solutions"),
+                 "--exercises", str(ROOT / "exercises")]) == 0
+    assert main(["build-exercises", "--check", "--solutions", str(ROOT / "solutions"),
+                 "--exercises", str(tmp_path)]) == 1
+    assert "out of date" in capsys.readouterr().out
+
+
+def test_grade_parser_accepts_the_documented_flags():
+    args = build_parser().parse_args(["grade", "a.ipynb", "b.ipynb", "--json", "--timeout", "5", "--memory-mb", "512"])
+    assert args.json and args.timeout == 5 and args.memory_mb == 512 and len(args.submissions) == 2
+
+
+def test_execute_in_place_is_byte_stable(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import random\nrandom.seed(0)\nprint(random.random())"),
+        nbformat.v4.new_code_cell("import ipywidgets\nipywidgets.IntSlider(value=3)"),
+    ])
+    path = tmp_path / "t.ipynb"
+    nbformat.write(nb, path)
+    execute_in_place(path)
+    first = path.read_bytes()
+    execute_in_place(path)
+    assert path.read_bytes() == first
+    text = first.decode()
+    assert "0.8444218515250481" in text and '"execution"' not in text and WIDGET_VIEW not in text
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_notebooks_are_executed_and_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    assert all(c.execution_count is not None for c in code), "run `course execute` on it"
+    counts = [c.execution_count for c in code]
+    assert counts == list(range(1, len(code) + 1)), "executed top to bottom in one fresh kernel"
+    for c in code:
+        errors = [o for o in c.outputs if o.output_type == "error"]
+        assert not errors or "NBVAL_RAISES_EXCEPTION" in c.source, f"error output committed: {errors[0].ename}"
+    assert "execution" not in json.dumps([c.metadata for c in nb.cells]), "timing metadata committed"
+    first, last = nb.cells[0], nb.cells[-1]
+    assert first.cell_type == "markdown" and first.source.startswith("# ")
+    if path.parent.name == "notebooks" and not path.name.startswith("00"):
+        assert "exercises/" in last.source, "a lecture ends with a link to its exercises"
+        assert "goal" in first.source.lower() or "you will" in first.source.lower(), "a lecture opens with its goals"
