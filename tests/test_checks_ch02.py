@@ -1,0 +1,130 @@
+"""Chapter 02's checkers pass right answers and turn every kind of wrong answer into feedback."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.checks import CheckFailure
+from course_lib.checks import ch02 as check
+
+
+def scores_ok(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+
+def softmax_ok(s):
+    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def attention_ok(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    w = softmax_ok(scores_ok(q, k))
+    return w @ v, w
+
+
+def not_implemented(*args):
+    raise NotImplementedError("q @ k.transpose(-2, -1)")
+
+
+def explodes(*args):
+    return {}["missing"]
+
+
+CORRECT = {
+    check.attention_scores: scores_ok,
+    check.softmax_rows: softmax_ok,
+    check.self_attention: attention_ok,
+}
+
+GENERIC_WRONG = [
+    (None, "None"),
+    (42, "should be a function"),
+    (not_implemented, "not written yet. Hint: q @ k.transpose(-2, -1)"),
+    (explodes, "raised KeyError"),
+    (lambda *a: None, "forget to `return`|should return a pair"),
+    (lambda *a: "text", "should be a tensor|should return a pair"),
+    (lambda *a: (torch.full((2, 2), float("nan")), torch.full((2, 2), float("nan"))),
+     "shape|a tuple of 2 tensors"),
+]
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+def test_correct_answers_pass(checker, capsys):
+    checker(CORRECT[checker])
+    assert capsys.readouterr().out.startswith("✔")
+
+
+def test_numpy_answers_pass_too():
+    check.attention_scores(lambda q, k: (q.numpy() @ np.swapaxes(k.numpy(), -1, -2)) / np.sqrt(q.shape[-1]))
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("wrong,words", GENERIC_WRONG, ids=[w for _, w in GENERIC_WRONG])
+def test_generic_wrong_answers_give_feedback(checker, wrong, words):
+    with pytest.raises(CheckFailure) as info:
+        checker(wrong)
+    assert any(w in str(info.value) for w in words.split("|")), str(info.value)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda q, k: q @ k.transpose(-2, -1), "raw dot products"),
+    (lambda q, k: q @ k.transpose(-2, -1) / q.shape[-1], "divided by d_k"),
+    (lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]), "one row per query"),
+    (lambda q, k: torch.full(scores_ok(q, k).shape, float("nan")), "NaN"),
+    (lambda q, k: scores_ok(q, k)[..., :-1], "shape"),
+])
+def test_wrong_scores(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.attention_scores(wrong)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True), "overflows"),
+    (lambda s: torch.exp(s - s.amax(-1, keepdim=True)), "not 1"),
+    (lambda s: torch.exp(s - s.amax()) / torch.exp(s - s.amax()).sum(-2, keepdim=True), "columns sum to 1"),
+    (lambda s: torch.softmax(s, dim=-1), "calls the course's own"),
+    (lambda s: s.softmax(-1), "calls the course's own"),
+    (lambda s: torch.nn.functional.softmax(s, -1), "calls the course's own"),
+])
+def test_wrong_softmax(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.softmax_rows(wrong)
+
+
+def test_course_softmax_is_refused():
+    from course_lib.attention import softmax as reference
+
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.softmax_rows(lambda s: reference(s))
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda x, wq, wk, wv: softmax_ok((x @ wq) @ (x @ wk).transpose(-2, -1)) @ (x @ wv), "should return a pair"),
+    (lambda x, wq, wk, wv: (None, softmax_ok((x @ wq) @ (x @ wk).transpose(-2, -1))), "without the 1/sqrt"),
+    (lambda x, wq, wk, wv: (None, attention_ok(x, wq, wk, wv)[1].transpose(-2, -1)), "transposed"),
+    (lambda x, wq, wk, wv: (attention_ok(x, wq, wk, wv)[1] @ x, attention_ok(x, wq, wk, wv)[1]), "the output"),
+    (lambda x, wq, wk, wv: (1, 2, 3), "length 3"),
+])
+def test_wrong_self_attention(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.self_attention(wrong)
+
+
+def test_calling_a_reference_attention_earns_nothing():
+    from course_lib.attention import scaled_dot_product_attention as reference
+
+    def lazy(x, w_q, w_k, w_v):
+        return reference(x @ w_q, x @ w_k, x @ w_v)
+
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.self_attention(lazy)
+
+    def torch_lazy(x, w_q, w_k, w_v):
+        out = torch.nn.functional.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)
+        return out, attention_ok(x, w_q, w_k, w_v)[1]
+
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.self_attention(torch_lazy)

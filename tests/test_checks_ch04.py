@@ -1,0 +1,138 @@
+"""Chapter 04's checkers pass right answers and turn every kind of wrong answer into feedback."""
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.checks import CheckFailure
+from course_lib.checks import ch04 as check
+
+
+def causal_ok(n):
+    return torch.ones(n, n).tril().bool()
+
+
+def padding_ok(lengths, n_keys):
+    return (torch.arange(n_keys)[None, :] < torch.tensor(lengths)[:, None])[:, None, :]
+
+
+def additive_ok(mask):
+    return torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+
+
+def masked_softmax_ok(scores, mask):
+    s = scores.masked_fill(~mask, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def not_implemented(*args):
+    raise NotImplementedError("compare key index with query index")
+
+
+def explodes(*args):
+    return {}["missing"]
+
+
+CORRECT = {
+    check.causal_mask: causal_ok,
+    check.padding_mask: padding_ok,
+    check.to_additive: additive_ok,
+    check.masked_softmax: masked_softmax_ok,
+}
+
+GENERIC_WRONG = [
+    (None, "None"),
+    (42, "should be a function"),
+    (not_implemented, "not written yet. Hint: compare key index with query index"),
+    (explodes, "raised KeyError"),
+    (lambda *a: None, "forget to `return`"),
+    (lambda *a: "text", "should be a tensor|could not be read"),
+    (lambda *a: torch.full((1, 2, 3), float("nan")), "dtype|shape"),
+]
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+def test_correct_answers_pass(checker, capsys):
+    checker(CORRECT[checker])
+    assert capsys.readouterr().out.startswith("✔")
+
+
+def test_numpy_answers_pass_too():
+    check.causal_mask(lambda n: np.tril(np.ones((n, n), dtype=bool)))
+    check.masked_softmax(lambda s, m: masked_softmax_ok(s, m).numpy())
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("wrong,words", GENERIC_WRONG, ids=[w for _, w in GENERIC_WRONG])
+def test_generic_wrong_answers_give_feedback(checker, wrong, words):
+    with pytest.raises(CheckFailure) as info:
+        checker(wrong)
+    assert any(w in str(info.value) for w in words.split("|")), str(info.value)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda n: torch.ones(n, n).triu().bool(), "upper-triangular"),
+    (lambda n: ~torch.ones(n, n).tril().bool(), "True where attention is forbidden"),
+    (lambda n: torch.ones(n, n).tril(-1).bool(), "forbids the diagonal"),
+    (lambda n: torch.ones(n, n).tril(), "return a boolean tensor"),
+    (lambda n: torch.ones(n, n + 1).tril().bool(), "shape"),
+    (lambda n: torch.ones(n, n).tril(1).bool(), "not lower-triangular"),
+])
+def test_wrong_causal(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.causal_mask(wrong)
+
+
+def test_course_masks_are_refused():
+    from course_lib.masks import causal_mask, padding_mask
+
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.causal_mask(lambda n: causal_mask(n))
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.padding_mask(lambda lengths, n: padding_mask(lengths, n))
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda lengths, n: padding_ok(lengths, n)[:, 0, :], "add the middle axis"),
+    (lambda lengths, n: ~padding_ok(lengths, n), "True on the padding"),
+    (lambda lengths, n: padding_ok(lengths, n).float(), "return a boolean tensor"),
+    (lambda lengths, n: (torch.arange(n)[None, :] <= torch.tensor(lengths)[:, None])[:, None, :], "wrong keys"),
+])
+def test_wrong_padding(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.padding_mask(wrong)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda m: (~m).float() * float("-inf"), "NaN"),
+    (lambda m: torch.zeros(m.shape).masked_fill(m, float("-inf")), "0 where the boolean mask is False"),
+    (lambda m: torch.zeros(m.shape).masked_fill(~m, -1e9), "not -inf"),
+    (lambda m: m.long(), "dtype"),
+    (lambda m: additive_ok(m)[..., :-1], "shape"),
+])
+def test_wrong_additive(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.to_additive(wrong)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), -1), "fully masked row"),
+    (lambda s, m: torch.softmax(s, -1) * m, "differs"),
+    (lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1), "all-zero weights"),
+    (lambda s, m: torch.softmax(s, -1), "non-zero weight"),
+    (lambda s, m: masked_softmax_ok(s, m)[..., 0], "shape"),
+])
+def test_wrong_masked_softmax(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.masked_softmax(wrong)
+
+
+def test_course_softmax_is_refused_in_masked_softmax():
+    from course_lib.attention import softmax
+
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.masked_softmax(lambda s, m: softmax(s.masked_fill(~m, float("-inf"))))
