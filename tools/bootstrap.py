@@ -72,7 +72,8 @@ def lab(args: list[str]) -> None:
 
 def test(args: list[str]) -> None:
     setup()
-    env = dict(os.environ, PYTHONHASHSEED="0", MPLBACKEND="Agg")
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    env.pop("MPLBACKEND", None)  # notebooks need the inline backend to emit their figures
     say("checking that exercises/ matches solutions/")
     run(BIN / "course", "build-exercises", "--check", env=env)
     say("running the test suite: unit tests, notebooks (nbval), exercises, grader")
