@@ -12,6 +12,7 @@ from course_lib.cli import build_parser, main
 from course_lib.notebooks import WIDGET_VIEW, execute_in_place
 
 ROOT = Path(__file__).resolve().parent.parent
+MARKERS = {"NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION", "NBVAL_CHECK_OUTPUT"}
 COMMITTED = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
 
 
@@ -61,6 +62,10 @@ def test_committed_notebooks_are_executed_and_clean(path):
         errors = [o for o in c.outputs if o.output_type == "error"]
         assert not errors or "NBVAL_RAISES_EXCEPTION" in c.source, f"error output committed: {errors[0].ename}"
     assert "execution" not in json.dumps([c.metadata for c in nb.cells]), "timing metadata committed"
+    for c in code:  # nbval only honours a marker that is alone on its comment line
+        for line in c.source.splitlines():
+            if "NBVAL_" in line and line.strip().startswith("#"):
+                assert line.strip().lstrip("#").strip() in MARKERS, f"malformed nbval marker: {line.strip()!r}"
     first, last = nb.cells[0], nb.cells[-1]
     assert first.cell_type == "markdown" and first.source.startswith("# ")
     if path.parent.name == "notebooks" and not path.name.startswith("00"):
