@@ -1,0 +1,201 @@
+"""course_lib.multihead against torch.nn.MultiheadAttention (batch_first) with copied weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from course_lib.masks import causal_mask, padding_mask
+from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
+
+TOL = {torch.float32: dict(atol=1e-6, rtol=1e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
+
+
+def pair(d_model, num_heads, dtype, bias=True, seed=0):
+    """A torch MHA with random weights (biases too) and ours loaded from it."""
+    torch.manual_seed(seed)
+    ref = nn.MultiheadAttention(d_model, num_heads, batch_first=True, bias=bias).to(dtype)
+    if bias:  # torch initialises biases to 0; random ones make the copy test meaningful
+        with torch.no_grad():
+            ref.in_proj_bias.normal_()
+            ref.out_proj.bias.normal_()
+    ours = MultiHeadAttention(d_model, num_heads, bias=bias).to(dtype).load_torch_weights(ref)
+    return ours, ref
+
+
+def rand(*shape, dtype, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def compare(ours, ref, q, k, v, mask=None, torch_mask=None, key_padding_mask=None, dtype=torch.float32):
+    out, w = ours(q, k, v, mask=mask)
+    ref_out, ref_w = ref(q, k, v, attn_mask=torch_mask, key_padding_mask=key_padding_mask,
+                         average_attn_weights=False)
+    torch.testing.assert_close(out, ref_out, **TOL[dtype])
+    torch.testing.assert_close(w, ref_w, **TOL[dtype])
+    return out, w
+
+
+CASES = [(1, 3, 8, 1), (2, 5, 16, 4), (3, 7, 12, 3), (2, 1, 32, 8)]  # (batch, n, d_model, heads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,n,d_model,heads", CASES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_self_attention_matches_torch(batch, n, d_model, heads, dtype, bias):
+    ours, ref = pair(d_model, heads, dtype, bias=bias, seed=n)
+    x = rand(batch, n, d_model, dtype=dtype, seed=1)
+    out, w = compare(ours, ref, x, x, x, dtype=dtype)
+    assert w.shape == (batch, heads, n, n)
+    torch.testing.assert_close(ours(x)[0], out)  # key and value default to the query
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,n,d_model,heads", CASES)
+def test_cross_attention_matches_torch(batch, n, d_model, heads, dtype):
+    ours, ref = pair(d_model, heads, dtype, seed=2)
+    q = rand(batch, n, d_model, dtype=dtype, seed=3)
+    kv = rand(batch, n + 4, d_model, dtype=dtype, seed=4)
+    v = rand(batch, n + 4, d_model, dtype=dtype, seed=5)
+    _, w = compare(ours, ref, q, kv, v, dtype=dtype)
+    assert w.shape == (batch, heads, n, n + 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,n,d_model,heads", CASES)
+def test_causal_mask_matches_torch(batch, n, d_model, heads, dtype):
+    ours, ref = pair(d_model, heads, dtype, seed=6)
+    x = rand(batch, n, d_model, dtype=dtype, seed=7)
+    mask = causal_mask(n)
+    # torch's boolean attn_mask means True = NOT allowed: the opposite of ours
+    _, w = compare(ours, ref, x, x, x, mask=mask, torch_mask=~mask, dtype=dtype)
+    assert (w.masked_select(~mask) == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_padding_mask_matches_torch_key_padding_mask(dtype):
+    ours, ref = pair(16, 4, dtype, seed=8)
+    q, kv = rand(3, 4, 16, dtype=dtype, seed=9), rand(3, 6, 16, dtype=dtype, seed=10)
+    lengths = [6, 2, 4]
+    mask = padding_mask(lengths, 6)  # (3, 1, 6), True = real key
+    compare(ours, ref, q, kv, kv, mask=mask, key_padding_mask=~mask[:, 0], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_per_head_mask_matches_torch_3d_attn_mask(dtype):
+    batch, heads, n = 2, 4, 5
+    ours, ref = pair(16, heads, dtype, seed=11)
+    x = rand(batch, n, 16, dtype=dtype, seed=12)
+    g = torch.Generator().manual_seed(13)
+    mask = torch.rand(batch, heads, n, n, generator=g) < 0.7
+    mask[..., 0] = True  # every query keeps one key (torch gives NaN for fully masked rows)
+    # torch wants a 3-D mask as (batch * heads, n_q, n_k), True = blocked
+    compare(ours, ref, x, x, x, mask=mask, torch_mask=~mask.reshape(batch * heads, n, n), dtype=dtype)
+
+
+def test_additive_float_mask_matches_torch():
+    ours, ref = pair(8, 2, torch.float64, seed=14)
+    x = rand(2, 4, 8, dtype=torch.float64, seed=15)
+    additive = torch.zeros(4, 4, dtype=torch.float64).masked_fill(~causal_mask(4), float("-inf"))
+    additive[2, 0] = -1.5  # a finite bias is added to the score
+    compare(ours, ref, x, x, x, mask=additive, torch_mask=additive, dtype=torch.float64)
+
+
+def test_fully_masked_row_gives_zeros_not_nan():
+    ours, _ = pair(8, 2, torch.float32)
+    x = rand(1, 3, 8, dtype=torch.float32, seed=16)
+    mask = causal_mask(3).clone()
+    mask[1] = False
+    out, w = ours(x, mask=mask)
+    assert torch.isfinite(out).all() and torch.isfinite(w).all()
+    assert (w[:, :, 1] == 0).all()
+
+
+def test_gradients_match_torch():
+    ours, ref = pair(12, 3, torch.float64, seed=17)
+    x = rand(2, 5, 12, dtype=torch.float64, seed=18).requires_grad_(True)
+    x2 = x.detach().clone().requires_grad_(True)
+    ours(x, mask=causal_mask(5))[0].pow(2).sum().backward()
+    ref(x2, x2, x2, attn_mask=~causal_mask(5))[0].pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, **TOL[torch.float64])
+    torch.testing.assert_close(ours.q_proj.weight.grad, ref.in_proj_weight.grad[:12], **TOL[torch.float64])
+
+
+@pytest.mark.parametrize("batch,n,d,h", [(1, 1, 4, 1), (2, 3, 12, 3), (3, 5, 16, 8)])
+def test_split_merge_round_trip(batch, n, d, h):
+    x = rand(batch, n, d, dtype=torch.float32, seed=19)
+    s = split_heads(x, h)
+    assert s.shape == (batch, h, n, d // h)
+    torch.testing.assert_close(s[:, 1 % h, :, :], x[..., (1 % h) * (d // h):((1 % h) + 1) * (d // h)])
+    torch.testing.assert_close(merge_heads(s), x)
+
+
+def test_equal_to_looping_over_heads():
+    """Multi-head = each head's attention on its slice of Q, K, V, concatenated, then W_O."""
+    ours, _ = pair(12, 3, torch.float64, seed=20)
+    x = rand(2, 4, 12, dtype=torch.float64, seed=21)
+    q, k, v = ours.q_proj(x), ours.k_proj(x), ours.v_proj(x)
+    heads = []
+    for i in range(3):
+        sl = slice(4 * i, 4 * i + 4)
+        w = torch.softmax(q[..., sl] @ k[..., sl].transpose(-2, -1) / 2.0, dim=-1)
+        heads.append(w @ v[..., sl])
+    torch.testing.assert_close(ours(x)[0], ours.out_proj(torch.cat(heads, dim=-1)))
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_d_model_not_divisible():
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by num_heads=4"):
+        MultiHeadAttention(10, 4)
+    with pytest.raises(ValueError, match="num_heads"):
+        MultiHeadAttention(8, 0)
+
+
+@pytest.mark.parametrize("bad_shape", [(5, 5), (4, 4, 4), (2, 3, 4, 4), (2, 4, 5)])
+def test_bad_mask_shapes(bad_shape):
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 4, 8)
+    with pytest.raises(ValueError, match=r"mask has shape \(" + ", ".join(map(str, bad_shape))):
+        mha(x, mask=torch.ones(bad_shape, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("good_shape", [(4, 4), (2, 4, 4), (2, 1, 4), (1, 4), (2, 2, 4, 4), (1, 1, 1, 4)])
+def test_good_mask_shapes(good_shape):
+    mha = MultiHeadAttention(8, 2)
+    out, w = mha(torch.randn(2, 4, 8), mask=torch.ones(good_shape, dtype=torch.bool))
+    assert w.shape == (2, 2, 4, 4)
+
+
+def test_bad_mask_dtype():
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match="mask has dtype torch.int64.*mask.bool"):
+        mha(torch.randn(1, 3, 8), mask=torch.ones(3, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="mask should be a torch.Tensor"):
+        mha(torch.randn(1, 3, 8), mask=[[True] * 3] * 3)
+
+
+def test_bad_inputs():
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match=r"query has shape \(3, 8\), wanted \(batch, n, d_model=8\)"):
+        mha(torch.randn(3, 8))
+    with pytest.raises(ValueError, match=r"key has shape \(1, 3, 6\)"):
+        mha(torch.randn(1, 3, 8), torch.randn(1, 3, 6))
+    with pytest.raises(ValueError, match="one value per key"):
+        mha(torch.randn(1, 3, 8), torch.randn(1, 3, 8), torch.randn(1, 4, 8))
+    with pytest.raises(ValueError, match="query has batch 2 but key has batch 1"):
+        mha(torch.randn(2, 3, 8), torch.randn(1, 3, 8))
+    with pytest.raises(ValueError, match="dtype"):
+        mha(torch.ones(1, 3, 8, dtype=torch.long))
+
+
+def test_load_torch_weights_rejects_mismatches():
+    with pytest.raises(ValueError, match="embed_dim=8, num_heads=4"):
+        MultiHeadAttention(8, 2).load_torch_weights(nn.MultiheadAttention(8, 4))
+    with pytest.raises(ValueError, match="bias"):
+        MultiHeadAttention(8, 2, bias=False).load_torch_weights(nn.MultiheadAttention(8, 2))
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        MultiHeadAttention(8, 2).load_torch_weights(nn.MultiheadAttention(8, 2, add_bias_kv=True))
+    with pytest.raises(ValueError, match="torch.nn.MultiheadAttention"):
+        MultiHeadAttention(8, 2).load_torch_weights(nn.Linear(8, 8))
