@@ -67,6 +67,8 @@ def setup() -> None:
 def lab(args: list[str]) -> None:
     setup()
     say("opening JupyterLab on notebooks/00_start_here.ipynb (Ctrl-C to stop)")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and hosted machines often run as root
+        args = ["--allow-root", *args]
     run(BIN / "jupyter", "lab", "--notebook-dir", ROOT, "notebooks/00_start_here.ipynb", *args)
 
 
