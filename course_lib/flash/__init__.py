@@ -1,0 +1,118 @@
+"""Chapter 08: attention without the n x n grid.
+
+    tiled_attention(q, k, v, causal=False, scale=None, block_size=64) -> (out, logsumexp)
+        plain torch, block by block with an online softmax (tiled.py)
+    flash_attention(q, k, v, causal=False, scale=None) -> out
+        the Triton FlashAttention-2 kernels, forward and backward (kernel.py)
+    naive_attention(q, k, v, causal=False, scale=None) -> out
+        the textbook version that builds the whole score grid, for comparison
+
+Triton is imported lazily, on the first call of `flash_attention`: without a CUDA GPU we set
+TRITON_INTERPRET=1 first (Triton reads it when a kernel is defined), so the same kernels run
+through Triton's interpreter on the CPU. Triton ships for Linux only; elsewhere
+`flash_attention` raises a clear error and everything else here still works.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import torch
+
+from course_lib.flash.tiled import check_qkv, naive_attention, tiled_attention
+
+__all__ = ["tiled_attention", "flash_attention", "flash_attention_forward", "naive_attention",
+           "triton_available", "load_kernels", "KERNEL_HEAD_DIMS"]
+
+KERNEL_HEAD_DIMS = (16, 32, 64, 128)
+_NOTICE_SHOWN = False
+
+
+class TritonUnavailableError(RuntimeError):
+    """Triton is not installed here (it ships wheels for Linux only)."""
+
+
+def triton_available() -> bool:
+    """Whether the `triton` package is importable here (never touches its GPU driver)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_interpreter() -> bool:
+    """Whether kernels will run through Triton's interpreter (no CUDA GPU, or asked for)."""
+    return not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def prepare_triton(quiet: bool = False) -> bool:
+    """Set TRITON_INTERPRET=1 when there is no CUDA GPU, before Triton defines any kernel.
+
+    Prints a one-line notice the first time it switches to the interpreter. Returns whether
+    the interpreter is in use.
+    """
+    global _NOTICE_SHOWN
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if interpreting and not _NOTICE_SHOWN and not quiet:
+        print("course_lib.flash: no CUDA GPU, running the Triton kernels through Triton's "
+              "interpreter (TRITON_INTERPRET=1; slow, for small sizes).")
+    _NOTICE_SHOWN = _NOTICE_SHOWN or interpreting
+    return interpreting
+
+
+def load_kernels():
+    """Import the Triton kernel module (compiled on CUDA, interpreted on a CPU)."""
+    if not triton_available():
+        raise TritonUnavailableError(
+            "flash_attention needs Triton, which is not installed here (Triton ships for Linux "
+            "only). Use course_lib.flash.tiled_attention, the same algorithm in plain torch.")
+    prepare_triton()
+    return importlib.import_module("course_lib.flash.kernel")
+
+
+def _check_kernel_inputs(q, k, v, causal, scale):
+    check_qkv(q, k, v, causal, scale, who="flash_attention")
+    d = q.shape[-1]
+    if d not in KERNEL_HEAD_DIMS:
+        raise ValueError(f"flash_attention: head dim d={d} (q {tuple(q.shape)}) is not supported; "
+                         f"the kernel wants d in {KERNEL_HEAD_DIMS} (a power of 2 from 16 to 128): "
+                         "pad the head dim with zeros, or use tiled_attention")
+    if v.shape[-1] != d:
+        raise ValueError(f"flash_attention: v has d_v={v.shape[-1]} but q has d={d} "
+                         f"(v {tuple(v.shape)}, q {tuple(q.shape)}); the kernel wants them equal")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"flash_attention: dtype {q.dtype} is not supported; use float32, "
+                         "float16 or bfloat16")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"flash_attention: tensors on {q.device} are not supported; use cuda "
+                         "(compiled) or cpu (interpreter)")
+
+
+def flash_attention(q, k, v, causal: bool = False, scale=None) -> torch.Tensor:
+    """softmax(q kᵀ · scale + M) v by the Triton FlashAttention-2 kernels, with autograd.
+
+    q, k, v: (..., n, d) (e.g. (B, H, n, d)), d in {16, 32, 64, 128}, float32/float16/bfloat16.
+    Any n (the ragged last block is masked). causal=True masks future keys (needs n_q == n_k).
+    Compiled on CUDA; on a CPU through Triton's interpreter (slow: keep n small).
+    """
+    _check_kernel_inputs(q, k, v, causal, scale)
+    kernel = load_kernels()
+    if q.device.type == "cuda" and kernel.INTERPRET:
+        raise ValueError("flash_attention: TRITON_INTERPRET=1 was set, so the kernels run in the "
+                         "interpreter, which needs CPU tensors; got cuda tensors")
+    sm_scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return kernel.FlashAttention.apply(q, k, v, bool(causal), sm_scale)
+
+
+def flash_attention_forward(q, k, v, causal: bool = False, scale=None):
+    """The forward kernel alone, no autograd: returns (out, logsumexp) like tiled_attention."""
+    _check_kernel_inputs(q, k, v, causal, scale)
+    kernel = load_kernels()
+    sm_scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    lead, n_q, n_kv, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    with torch.no_grad():
+        out, lse2 = kernel.forward(q.reshape(-1, n_q, d).contiguous(),
+                                   k.reshape(-1, n_kv, d).contiguous(),
+                                   v.reshape(-1, n_kv, d).contiguous(), bool(causal), sm_scale)
+    return out.reshape(*lead, n_q, d), kernel.logsumexp_from_lse2(lse2).reshape(*lead, n_q)

@@ -1,0 +1,136 @@
+"""The Triton FlashAttention kernels against torch's scaled_dot_product_attention.
+
+On a machine without a GPU they run through Triton's interpreter (slow), so the sizes stay at
+n <= 256 with a few parametrisations chosen to cover: causal and not, ragged n (1, 17, 100, 256),
+head dims 16, 64, 128, float32 / float16 / bfloat16, outputs and gradients. With a CUDA GPU the
+same tests run compiled (tools/gpu_check.sh).
+"""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import course_lib.flash as flash
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="Triton is not installed (it ships for Linux only)")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# compiled fp32 dots use TF32 on a GPU; the interpreter computes them in full fp32
+TOL = {torch.float32: (2e-5, 1e-4) if DEVICE == "cpu" else (1e-2, 1e-2),
+       torch.float16: (1e-2, 1e-2), torch.bfloat16: (6e-2, 6e-2)}
+
+
+def make(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g).to(DEVICE, dtype).requires_grad_() for _ in range(3)]
+
+
+def sdpa_fp32(q, k, v, causal):
+    """The truth: SDPA on the same (rounded) inputs, computed in float32."""
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    return F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal), (q32, k32, v32)
+
+
+CASES = [  # (B, H, n, d), causal, dtype
+    ((1, 1, 1, 16), False, torch.float32),
+    ((2, 1, 17, 16), True, torch.float32),
+    ((1, 2, 100, 64), False, torch.float32),
+    ((1, 2, 100, 64), True, torch.float16),
+    ((1, 1, 256, 64), True, torch.float32),
+    ((1, 1, 256, 128), False, torch.float16),
+    ((1, 1, 100, 128), True, torch.float32),
+]
+
+
+@pytest.mark.parametrize("shape, causal, dtype", CASES)
+def test_flash_forward_and_backward_match_sdpa(shape, causal, dtype):
+    q, k, v = make(shape, dtype, seed=sum(shape))
+    out = flash.flash_attention(q, k, v, causal=causal)
+    want, wide = sdpa_fp32(q, k, v, causal)
+    atol, rtol = TOL[dtype]
+    assert out.shape == q.shape and out.dtype == dtype
+    torch.testing.assert_close(out.float(), want, atol=atol, rtol=rtol)
+
+    dout = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    want_grads = torch.autograd.grad(want, wide, dout.float())
+    for name, got, exp in zip("qkv", grads, want_grads):
+        assert got.dtype == dtype, name
+        torch.testing.assert_close(got.float(), exp, atol=atol * 2, rtol=rtol * 2,
+                                   msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_bfloat16(causal):
+    q, k, v = make((1, 2, 100, 64), torch.bfloat16, seed=11)
+    out = flash.flash_attention(q, k, v, causal=causal)
+    want, wide = sdpa_fp32(q, k, v, causal)
+    atol, rtol = TOL[torch.bfloat16]
+    torch.testing.assert_close(out.float(), want, atol=atol, rtol=rtol)
+    if causal:  # one bf16 backward: the gradients come out in bf16 and close to fp32's
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        for got, exp in zip(grads, torch.autograd.grad(want, wide, dout.float())):
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), exp, atol=2 * atol, rtol=2 * rtol)
+
+
+def test_flash_logsumexp_and_custom_scale_match_tiled():
+    q, k, v = (t.detach() for t in make((2, 70, 32), torch.float32, seed=5))
+    out, lse = flash.flash_attention_forward(q, k, v, causal=True, scale=0.2)
+    t_out, t_lse = flash.tiled_attention(q.cpu(), k.cpu(), v.cpu(), causal=True, scale=0.2)
+    torch.testing.assert_close(out.cpu(), t_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse.cpu(), t_lse, atol=1e-4, rtol=1e-5)
+
+
+def test_flash_cross_attention_lengths():
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 1, 40, 32, generator=g).to(DEVICE)
+    k, v = (torch.randn(1, 1, 90, 32, generator=g).to(DEVICE) for _ in range(2))
+    out = flash.flash_attention(q, k, v)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), **dict(zip(
+        ("atol", "rtol"), TOL[torch.float32])))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(d=48), r"head dim d=48 .* not supported"),
+    (dict(d=256), r"head dim d=256"),
+    (dict(d=8), r"head dim d=8"),
+    (dict(dtype=torch.float64), r"dtype torch.float64 is not supported"),
+    (dict(dv=32), r"v has d_v=32 but q has d=64"),
+    (dict(nk=7, causal=True), r"causal=True needs as many queries as keys"),
+])
+def test_flash_rejects_bad_inputs(bad, match):
+    d, dtype = bad.get("d", 64), bad.get("dtype", torch.float32)
+    q = torch.randn(1, 5, d, dtype=dtype)
+    k = torch.randn(1, bad.get("nk", 5), d, dtype=dtype)
+    v = torch.randn(1, bad.get("nk", 5), bad.get("dv", d), dtype=dtype)
+    with pytest.raises(ValueError, match=match):
+        flash.flash_attention(q, k, v, causal=bad.get("causal", False))
+
+
+def test_clear_error_without_triton(monkeypatch):
+    monkeypatch.setattr(flash, "triton_available", lambda: False)
+    q = torch.randn(1, 4, 16)
+    with pytest.raises(flash.TritonUnavailableError, match="not installed.*tiled_attention"):
+        flash.flash_attention(q, q, q)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter notice is for CPU-only machines")
+def test_interpreter_notice_is_one_line_once(monkeypatch, capsys):
+    monkeypatch.setattr(flash, "_NOTICE_SHOWN", False)
+    assert flash.prepare_triton() is True
+    assert flash.prepare_triton() is True
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and "interpreter" in lines[0]
+
+
+def test_importing_course_lib_flash_does_not_import_triton():
+    code = ("import sys, course_lib.flash as f; f.tiled_attention; "
+            "assert 'triton' not in sys.modules, 'triton imported eagerly'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
