@@ -149,7 +149,8 @@ def problems_in(report: list[dict]) -> list[str]:
                 problems.append(f"{where} raised {out['text']}")
             elif out["type"] == "stream" and out["name"] == "stderr" and "Traceback" in out["text"]:
                 problems.append(f"{where} printed a traceback: {out['text'][-300:]}")
-        for text in cell["stderr"]:
+        raised = any(out["type"] == "error" for out in cell["outputs"])
+        for text in cell["stderr"] if not raised else []:  # what the page shows, if not said above
             if "Traceback" in text:
                 problems.append(f"{where} shows a traceback: {text[-300:]}")
         if not cell["empty"] and cell["count"] is None:
