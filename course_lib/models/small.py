@@ -83,7 +83,7 @@ class BracketTask:
         """Score each head's job from its weights (B, heads, n, n) on tokens (B, n).
 
         previous: mean weight a query puts on the position just before it (queries i >= 1);
-        bracket: mean weight a query inside brackets puts on its enclosing open bracket.
+        bracket: mean weight a query strictly inside brackets puts on its enclosing open bracket.
         Each is a tensor (heads,) of fractions in [0, 1].
         """
         if weights.dim() != 4 or tokens.shape != (weights.shape[0], weights.shape[2]) \
@@ -92,7 +92,7 @@ class BracketTask:
                              "weights (batch, heads, n, n) and tokens (batch, n)")
         prev = torch.diagonal(weights, offset=-1, dim1=-2, dim2=-1)  # (B, h, n-1): weight on i-1
         target = self.enclosing_open(tokens)  # (B, n)
-        inside = target >= 0
+        inside = (target >= 0) & (target != torch.arange(tokens.shape[1]))  # not the bracket itself
         index = target.clamp(min=0)[:, None, :, None].expand(-1, weights.shape[1], -1, 1)
         on_open = weights.gather(3, index)[..., 0]  # (B, h, n): weight on the enclosing bracket
         return {"previous": prev.mean(dim=(0, 2)), "bracket": on_open.transpose(0, 1)[:, inside].mean(-1)}
