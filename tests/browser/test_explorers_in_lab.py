@@ -178,14 +178,18 @@ def nudge_control(page, cell) -> str:
     if handle.count():
         readout = cell.locator(".widget-slider .widget-readout").first
         before = readout.inner_text() if readout.count() else None
+        # noUiSlider: PageUp/PageDown jump 5 steps (or to the end); go where there is room.
+        at_max = handle.evaluate("h => Number(h.getAttribute('aria-valuenow')) >= "
+                                 "Number(h.getAttribute('aria-valuemax'))")
+        key = "PageDown" if at_max else "PageUp"
         handle.scroll_into_view_if_needed()
         handle.focus()
-        page.keyboard.press("PageUp")  # noUiSlider: one jump of 5 steps
+        page.keyboard.press(key)
         if before is not None:
             page.wait_for_function("([el, text]) => el.innerText !== text",
                                    arg=[readout.element_handle(), before], timeout=REDRAW_TIMEOUT_MS)
-            return f"moved the slider from {before} to {readout.inner_text()} (PageUp)"
-        return "moved the slider (PageUp)"
+            return f"moved the slider from {before} to {readout.inner_text()} ({key})"
+        return f"moved the slider ({key})"
     select = cell.locator(".widget-dropdown select").first
     if select.count():
         options = select.locator("option").all_inner_texts()
