@@ -84,15 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="learners: run your exercise notebook and show the score table with hints")
     p.add_argument("notebook", type=Path)
     p.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell (default 60)")
+    p.add_argument("--memory-mb", type=int, default=4096, help="memory cap for the kernel in MB (default 4096)")
+    p.add_argument("--solutions", type=Path, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("grade", help="instructors: grade submitted exercise notebooks")
-    p.add_argument("submissions", nargs="+", type=Path, metavar="SUBMISSION")
+    p.add_argument("submissions", nargs="+", type=Path, metavar="SUBMISSION",
+                   help="exercise notebooks, or folders of them")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON object per submission, as a list")
     fmt.add_argument("--csv", action="store_true", help="print one CSV row per submission and exercise")
     p.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell (default 60)")
     p.add_argument("--memory-mb", type=int, default=4096, help="memory cap per kernel in MB (default 4096)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="submissions graded at once (default: 2, or 1 on a single core)")
+    p.add_argument("--solutions", type=Path, default=None,
+                   help="folder of source notebooks (default: the course's solutions/)")
     p.set_defaults(func=cmd_grade)
     return parser
 
