@@ -16,6 +16,7 @@ and cosine of the angles `apply_rope` rotates pair i by.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from numbers import Integral, Real
 
 import torch
@@ -40,8 +41,12 @@ def frequencies(d: int, base: float = 10000.0, dtype: torch.dtype = torch.float3
 
     Pair 0 turns by 1 radian per position (fast); the last pair turns almost not at all (slow).
     """
-    d = _check_count(d, "d", 1)
-    base = _check_base(base)
+    return _frequencies(_check_count(d, "d", 1), _check_base(base), dtype).clone()
+
+
+@lru_cache(maxsize=64)
+def _frequencies(d: int, base: float, dtype: torch.dtype) -> torch.Tensor:
+    # cached: a model calls apply_rope twice per layer per step with the same d and base
     exponents = torch.arange(0, d, 2, dtype=torch.float64) / d  # (ceil(d/2),)
     return (base ** -exponents).to(dtype)
 
@@ -81,11 +86,8 @@ def _check_positions(positions, x: torch.Tensor) -> torch.Tensor:
     if positions.ndim == 0 or positions.ndim > len(want) or positions.shape[-1] != n:
         raise ValueError(f"positions has shape {tuple(positions.shape)} but x has shape {tuple(x.shape)}: "
                          f"expected shape ({n},) or one that broadcasts to {want}")
-    try:
-        fits = tuple(torch.broadcast_shapes(positions.shape, want)) == want
-    except RuntimeError:
-        fits = False
-    if not fits:
+    padded = (1,) * (len(want) - positions.ndim) + tuple(positions.shape)
+    if any(p not in (1, w) for p, w in zip(padded, want)):
         raise ValueError(f"positions has shape {tuple(positions.shape)}, which does not broadcast to "
                          f"x.shape[:-1] = {want} (x has shape {tuple(x.shape)})")
     return positions.to(x.device)
@@ -116,7 +118,7 @@ def apply_rope(x: torch.Tensor, positions=None, base: float = 10000.0) -> torch.
 
     # Angles in float64 for float64 input, float32 otherwise (half precision loses the angle).
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    theta = frequencies(d, base, dtype=work).to(x.device)  # (d/2,)
+    theta = _frequencies(d, base, work).to(x.device)  # (d/2,)
     angles = positions.to(work)[..., None] * theta  # (..., n, d/2)
     cos, sin = torch.cos(angles), torch.sin(angles)
 

@@ -1,0 +1,9 @@
+"""Small models the chapters train and inspect.
+
+    TinyTransformer   chapter 07  decoder-only transformer with RoPE and a KV cache (transformer.py)
+    bench             chapter 07  KV-cache speed-up and memory measurements (bench.py)
+"""
+
+from course_lib.models.transformer import KVCache, TinyTransformer, kv_cache_bytes, pad_prompts
+
+__all__ = ["TinyTransformer", "KVCache", "kv_cache_bytes", "pad_prompts"]

@@ -1,0 +1,305 @@
+"""Chapter 07: a tiny decoder-only transformer that generates text with and without a KV cache.
+
+The model is nanoGPT-shaped and small enough to read in one sitting: token embedding, then
+`num_layers` blocks of (LayerNorm -> causal self-attention -> residual, LayerNorm -> MLP ->
+residual), a final LayerNorm and a linear map to logits. Order comes from rotary embeddings
+(`course_lib.position.apply_rope`) applied to queries and keys, so there is no position table.
+
+Generating token t+1 needs the query of token t only, but the keys and values of tokens 0..t.
+Without a cache every step recomputes all of them; with a `KVCache` each layer computes K and V
+for the one new token, appends them, and attends from the new query over everything stored.
+Queries are never cached: no later step asks an old token's question again.
+
+Batches of prompts of different lengths are LEFT-padded: row b of `idx` holds `T - lengths[b]`
+pad tokens and then its prompt, so every sequence's next token lands in the same column. Pad
+keys are masked out and positions count from each sequence's first real token, so a sequence
+generates exactly what it would alone. (With RoPE, scores depend only on position offsets, so
+shifted positions would change the scores only by rounding; learned absolute positions would
+need the per-sequence count.) `pad_prompts` builds `idx` and `lengths` from lists.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from course_lib.attention import scaled_dot_product_attention
+from course_lib.position import apply_rope
+
+
+def _check_int(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def kv_cache_bytes(num_layers: int, num_heads: int, n: int, d_head: int,
+                   bytes_per_element: int = 4, batch: int = 1) -> int:
+    """Bytes a KV cache needs for n tokens: 2 (K and V) x layers x batch x heads x n x d_head x bytes."""
+    return 2 * num_layers * batch * num_heads * n * d_head * bytes_per_element
+
+
+class KVCache:
+    """The keys and values every layer has computed so far, for a batch of sequences.
+
+    Storage is allocated once for `capacity` tokens: k and v of shape
+    (num_layers, batch, heads, capacity, d_head). `length` counts the tokens stored; `pad[b]` is
+    the number of left-padding tokens at the start of sequence b (0 without padding).
+    """
+
+    def __init__(self, num_layers: int, batch: int, num_heads: int, capacity: int, d_head: int,
+                 dtype: torch.dtype = torch.float32, device=None):
+        shape = (num_layers, batch, num_heads, capacity, d_head)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Store one layer's keys/values for the new tokens; return all keys/values so far.
+
+        k_new, v_new: (batch, heads, t, d_head) -> k, v: (batch, heads, length + t, d_head).
+        `length` itself moves on once every layer has appended (`advance`).
+        """
+        start, end = self.length, self.length + k_new.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"the KV cache holds at most {self.capacity} tokens; appending "
+                             f"{k_new.shape[2]} to {start} would make {end}")
+        self.k[layer, :, :, start:end] = k_new
+        self.v[layer, :, :, start:end] = v_new
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, heads, end, d_head)
+
+    def advance(self, t: int) -> None:
+        self.length += t
+
+    def nbytes(self) -> int:
+        """Bytes holding the `length` tokens stored so far (K and V, every layer)."""
+        n_layers, batch, heads, _, d_head = self.k.shape
+        return kv_cache_bytes(n_layers, heads, self.length, d_head, self.k.element_size(), batch)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with RoPE, one qkv projection, and an optional KV cache."""
+
+    def __init__(self, d_model: int, num_heads: int):
+        super().__init__()
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_V side by side
+        self.proj = nn.Linear(d_model, d_model)  # W_O
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        """x: (B, t, d_model), positions: (B, t), mask: (B, 1, t, S) with S keys -> (B, t, d_model)."""
+        B, t, d_model = x.shape
+        q, k, v = self.qkv(x).split(d_model, dim=-1)  # (B, t, d_model) each
+        q = q.view(B, t, self.num_heads, self.d_head).transpose(1, 2)  # (B, heads, t, d_head)
+        k = k.view(B, t, self.num_heads, self.d_head).transpose(1, 2)  # (B, heads, t, d_head)
+        v = v.view(B, t, self.num_heads, self.d_head).transpose(1, 2)  # (B, heads, t, d_head)
+        q = apply_rope(q, positions[:, None, :])  # each sequence's own positions, every head
+        k = apply_rope(k, positions[:, None, :])  # keys are cached already rotated
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # (B, heads, S, d_head): the past and the new tokens
+        out, _ = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, heads, t, d_head)
+        out = out.transpose(1, 2).reshape(B, t, d_model)  # heads side by side again
+        return self.proj(out)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, d_model: int, num_heads: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, num_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x, positions, mask, cache=None, layer=0):
+        x = x + self.attn(self.ln1(x), positions, mask, cache, layer)
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyTransformer(nn.Module):
+    """A small decoder-only language model with rotary positions and a KV cache.
+
+    TinyTransformer(vocab_size, d_model, num_heads, num_layers, max_len): d_model must split into
+    num_heads heads of even width (RoPE rotates pairs). max_len is the longest sequence, prompt
+    plus generated tokens (and padding), the model accepts.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, max_len: int):
+        super().__init__()
+        vocab_size = _check_int(vocab_size, "vocab_size", 1)
+        d_model = _check_int(d_model, "d_model", 2)
+        num_heads = _check_int(num_heads, "num_heads", 1)
+        num_layers = _check_int(num_layers, "num_layers", 1)
+        max_len = _check_int(max_len, "max_len", 1)
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} does not split into num_heads={num_heads} equal heads")
+        if (d_model // num_heads) % 2:
+            raise ValueError(f"each head has d_head = d_model / num_heads = {d_model // num_heads}, "
+                             "but RoPE rotates pairs of columns: d_head must be even")
+        self.vocab_size, self.d_model, self.num_heads = vocab_size, d_model, num_heads
+        self.num_layers, self.max_len, self.d_head = num_layers, max_len, d_model // num_heads
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, num_heads) for _ in range(num_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+
+    # ------------------------------------------------------------------ input checks
+
+    def _check_idx(self, idx) -> torch.Tensor:
+        if not isinstance(idx, torch.Tensor):
+            raise ValueError(f"idx must be a tensor of token ids of shape (batch, T), got {type(idx).__name__}")
+        if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise ValueError(f"idx must hold integer token ids, got dtype {idx.dtype} "
+                             f"with shape {tuple(idx.shape)}")
+        if idx.ndim != 2 or idx.shape[0] == 0 or idx.shape[1] == 0:
+            raise ValueError(f"idx must have shape (batch, T) with batch, T >= 1, got shape {tuple(idx.shape)}")
+        if int(idx.min()) < 0 or int(idx.max()) >= self.vocab_size:
+            raise ValueError(f"token ids must lie in 0..{self.vocab_size - 1} (vocab_size={self.vocab_size}), "
+                             f"got ids from {int(idx.min())} to {int(idx.max())}")
+        return idx.long()
+
+    def _check_lengths(self, lengths, batch: int, T: int) -> torch.Tensor:
+        """lengths[b] = real tokens at the end of row b; returns the pad count T - lengths[b]."""
+        if lengths is None:
+            return torch.zeros(batch, dtype=torch.long)
+        try:
+            t = torch.as_tensor(lengths)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"lengths must be integers, one per sequence, got {type(lengths).__name__}") from None
+        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+            raise ValueError(f"lengths must hold integers, got dtype {t.dtype}")
+        if tuple(t.shape) != (batch,):
+            raise ValueError(f"lengths has shape {tuple(t.shape)}, expected ({batch},): one length per row of idx")
+        if (t < 1).any() or (t > T).any():
+            raise ValueError(f"every length must lie in 1..T={T} (the width of idx), got {t.tolist()}")
+        return T - t.long()
+
+    # ------------------------------------------------------------------ the model
+
+    def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
+        """An empty KV cache for `batch` sequences of up to `capacity` (default max_len) tokens."""
+        capacity = self.max_len if capacity is None else _check_int(capacity, "capacity", 1)
+        p = self.lm_head.weight
+        return KVCache(self.num_layers, batch, self.num_heads, capacity, self.d_head, p.dtype, p.device)
+
+    def forward(self, idx: torch.Tensor, lengths=None, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab_size) for the tokens idx (B, T).
+
+        Without a cache, idx is the whole (left-padded, see `lengths`) sequence. With a cache,
+        idx holds the NEW tokens only; their keys and values are appended to the cache, and they
+        attend to everything the cache already holds. `lengths` belongs to the first call (the
+        prompt) and is remembered by the cache.
+        """
+        idx = self._check_idx(idx)
+        B, T = idx.shape
+        start = 0 if cache is None else cache.length
+        if start + T > self.max_len:
+            raise ValueError(f"sequence of {start + T} tokens ({start} cached + {T} new) is longer "
+                             f"than max_len={self.max_len}")
+        if cache is not None and cache.batch != B:
+            raise ValueError(f"idx has batch {B} but the cache was made for batch {cache.batch}")
+        if cache is not None and start > 0:
+            if lengths is not None:
+                raise ValueError("lengths belongs to the first call with a cache (the prompt); "
+                                 "later calls continue every sequence by the new tokens")
+            pad = cache.pad
+        else:
+            pad = self._check_lengths(lengths, B, T).to(idx.device)  # (B,)
+            if cache is not None:
+                cache.pad = pad
+
+        q_cols = torch.arange(start, start + T, device=idx.device)  # columns of the new tokens
+        k_cols = torch.arange(start + T, device=idx.device)  # columns of every key
+        positions = (q_cols[None, :] - pad[:, None]).clamp(min=0)  # (B, T): counted per sequence
+        causal = k_cols[None, :] <= q_cols[:, None]  # (T, S): no looking ahead
+        real = k_cols[None, :] >= pad[:, None]  # (B, S): padding is never attended to
+        itself = k_cols[None, :] == q_cols[:, None]  # (T, S): a pad query sees itself, so no row is empty
+        mask = (causal[None] & (real[:, None, :] | itself[None]))[:, None]  # (B, 1, T, S)
+
+        x = self.embed(idx)  # (B, T, d_model)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, positions, mask, cache, layer)
+        if cache is not None:
+            cache.advance(T)
+        return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
+
+    # ------------------------------------------------------------------ generation
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
+                 lengths=None, return_logits: bool = False):
+        """Greedy decoding: append the most likely next token, max_new_tokens times.
+
+        idx: (B, T) token ids, or (T,) for one prompt. For prompts of different lengths, left-pad
+        them (`pad_prompts`) and pass `lengths`. Returns (B, T + max_new_tokens) ids (or
+        (T + max_new_tokens,)), plus the logits each new token was chosen from,
+        (B, max_new_tokens, vocab_size), when return_logits=True. use_cache=False recomputes
+        the whole sequence at every step; both give the same tokens.
+        """
+        one = isinstance(idx, torch.Tensor) and idx.ndim == 1
+        idx = self._check_idx(idx[None] if one else idx)
+        max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 0)
+        B, T = idx.shape
+        if T + max_new_tokens > self.max_len:
+            raise ValueError(f"prompt of T={T} tokens + max_new_tokens={max_new_tokens} = "
+                             f"{T + max_new_tokens} is longer than max_len={self.max_len}; "
+                             "shorten the prompt or generate fewer tokens")
+        pad = self._check_lengths(lengths, B, T)  # (B,); fail before any work
+
+        was_training = self.training
+        self.eval()
+        steps = []
+        cache = self.new_cache(B, T + max_new_tokens) if use_cache else None
+        logits = self(idx, lengths, cache)[:, -1]  # (B, vocab): prefill the prompt
+        for step in range(max_new_tokens):
+            steps.append(logits)
+            next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1), greedy
+            idx = torch.cat([idx, next_id], dim=1)  # (B, T + step + 1)
+            if step == max_new_tokens - 1:
+                break
+            if use_cache:
+                logits = self(next_id, cache=cache)[:, -1]  # only the new token goes through
+            else:
+                lengths_now = idx.shape[1] - pad  # the padding stays, the real part grew
+                logits = self(idx, lengths_now)[:, -1]  # the whole sequence again
+        self.train(was_training)
+
+        out = idx[0] if one else idx
+        if return_logits:
+            chosen = torch.stack(steps, dim=1) if steps else logits.new_zeros(B, 0, self.vocab_size)
+            return out, (chosen[0] if one else chosen)
+        return out
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0):
+    """Left-pad token lists into one (B, T) tensor; returns (idx, lengths) for `generate`."""
+    prompts = [list(p) for p in prompts]
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError(f"prompts must be a non-empty list of non-empty token lists, got lengths "
+                         f"{[len(p) for p in prompts]}")
+    T = max(len(p) for p in prompts)
+    idx = torch.tensor([[pad_id] * (T - len(p)) + p for p in prompts], dtype=torch.long)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    return idx, lengths
