@@ -196,6 +196,7 @@ def nudge_control(page, cell) -> str:
         current = select.evaluate("s => s.options[s.selectedIndex].text")
         target = next(o for o in options if o != current)
         select.select_option(label=target)
+        target, current = (text.replace("\xa0", " ") for text in (target, current))
         return f"chose {target!r} instead of {current!r} in the dropdown"
     toggles = cell.locator(".widget-toggle-buttons button:not(.mod-active)").first
     if toggles.count():
