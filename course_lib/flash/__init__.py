@@ -24,10 +24,17 @@ import torch
 from course_lib.flash.tiled import check_qkv, naive_attention, tiled_attention
 
 __all__ = ["tiled_attention", "flash_attention", "flash_attention_forward", "naive_attention",
-           "triton_available", "load_kernels", "KERNEL_HEAD_DIMS"]
+           "triton_available", "prepare_triton", "interpreter_ready", "load_kernels", "KERNEL_HEAD_DIMS",
+           "TritonUnavailableError"]
 
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)
 _NOTICE_SHOWN = False
+
+# Triton fixes interpreted-or-compiled once, when it is first imported, and other libraries may
+# import it early (torch's profiler does). So on a machine without a CUDA GPU we set the variable
+# now, before anything can import Triton; it costs nothing if Triton is never used.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 class TritonUnavailableError(RuntimeError):
@@ -44,21 +51,31 @@ def use_interpreter() -> bool:
     return not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def prepare_triton(quiet: bool = False) -> bool:
-    """Set TRITON_INTERPRET=1 when there is no CUDA GPU, before Triton defines any kernel.
+def prepare_triton(quiet: bool = False, interpret: bool | None = None) -> bool:
+    """Set TRITON_INTERPRET=1 when there is no CUDA GPU (or when `interpret=True`), before Triton
+    defines any kernel: Triton reads it when a kernel is decorated.
 
     Prints a one-line notice the first time it switches to the interpreter. Returns whether
     the interpreter is in use.
     """
     global _NOTICE_SHOWN
-    if not torch.cuda.is_available():
+    if interpret or not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     if interpreting and not _NOTICE_SHOWN and not quiet:
-        print("course_lib.flash: no CUDA GPU, running the Triton kernels through Triton's "
+        reason = "no CUDA GPU" if not torch.cuda.is_available() else "asked for"
+        print(f"course_lib.flash: {reason}, running the Triton kernels through Triton's "
               "interpreter (TRITON_INTERPRET=1; slow, for small sizes).")
     _NOTICE_SHOWN = _NOTICE_SHOWN or interpreting
     return interpreting
+
+
+def interpreter_ready() -> bool:
+    """Whether Triton was imported in interpreter mode: its own library functions (tl.sum,
+    tl.max, ...) are then interpreted too. Triton decides that once, at its first import."""
+    import triton.language as tl
+
+    return type(tl.sum).__name__ == "InterpretedFunction"
 
 
 def load_kernels():
@@ -67,7 +84,12 @@ def load_kernels():
         raise TritonUnavailableError(
             "flash_attention needs Triton, which is not installed here (Triton ships for Linux "
             "only). Use course_lib.flash.tiled_attention, the same algorithm in plain torch.")
-    prepare_triton()
+    interpreting = prepare_triton()
+    if interpreting and not interpreter_ready():
+        raise RuntimeError(
+            "Triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot run "
+            "through the interpreter in this process: restart, and import course_lib.flash "
+            "before anything imports triton.")
     return importlib.import_module("course_lib.flash.kernel")
 
 
