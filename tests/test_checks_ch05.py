@@ -1,0 +1,161 @@
+"""Chapter 05's checkers pass right answers and turn every kind of wrong answer into feedback."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.attention import scaled_dot_product_attention
+from course_lib.checks import CheckFailure
+from course_lib.checks import ch05 as check
+
+
+def split_ok(x, h):
+    B, n, d = x.shape
+    return x.view(B, n, h, d // h).transpose(1, 2)
+
+
+def merge_ok(x):
+    B, h, n, dh = x.shape
+    return x.transpose(1, 2).reshape(B, n, h * dh)
+
+
+def mha_ok(x, w_q, w_k, w_v, w_o, h, mask=None):
+    heads, w = scaled_dot_product_attention(split_ok(x @ w_q, h), split_ok(x @ w_k, h), split_ok(x @ w_v, h), mask=mask)
+    return merge_ok(heads) @ w_o, w
+
+
+def prev_ok(w):
+    return torch.diagonal(w, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
+
+
+def not_implemented(*args):
+    raise NotImplementedError("x.view(...)")
+
+
+def explodes(*args):
+    return {}["missing"]
+
+
+CORRECT = {
+    check.split_heads: split_ok,
+    check.merge_heads: merge_ok,
+    check.multi_head_attention: mha_ok,
+    check.previous_token_score: prev_ok,
+}
+
+GENERIC_WRONG = [
+    (None, "None"),
+    (42, "should be a function"),
+    (not_implemented, "not written yet"),
+    (explodes, "raised KeyError"),
+    (lambda *a: None, "forget to `return`|should return a pair"),
+    (lambda *a: "text", "should be a tensor|should return a pair"),
+    (lambda *a: (lambda: 1), "should be a tensor|should return a pair"),
+]
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+def test_correct_answers_pass(checker, capsys):
+    checker(CORRECT[checker])
+    assert capsys.readouterr().out.startswith("✔")
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("wrong,words", GENERIC_WRONG, ids=[w for _, w in GENERIC_WRONG])
+def test_generic_wrong_answers_give_feedback(checker, wrong, words):
+    with pytest.raises(CheckFailure) as info:
+        checker(wrong)
+    assert any(w in str(info.value) for w in words.split("|")), str(info.value)
+
+
+def test_numpy_answers_are_read():
+    check.split_heads(lambda x, h: split_ok(x, h).numpy())
+    check.previous_token_score(lambda w: prev_ok(w).numpy())
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda x, h: x.view(x.shape[0], x.shape[1], h, -1), "move the head axis"),
+    (lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1), "mix positions"),
+    (lambda x, h: split_ok(x, h)[:, :1], "shape"),
+    (lambda x, h: split_ok(x, h) * float("nan"), "NaN"),
+    (lambda x, h: split_ok(x, h).flip(1), "feature"),
+])
+def test_wrong_split(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.split_heads(wrong)
+
+
+def test_calling_the_course_split_earns_nothing():
+    from course_lib.multihead import split_heads
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.split_heads(lambda x, h: split_heads(x, h))
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda x: x.reshape(x.shape[0], x.shape[2], -1), "without moving the head axis"),
+    (lambda x: x.transpose(1, 2), "shape"),
+    (lambda x: merge_ok(x.flip(1)), "differs"),
+])
+def test_wrong_merge(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.merge_heads(wrong)
+
+
+def mha_no_split(x, w_q, w_k, w_v, w_o, h, mask=None):
+    out, w = scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v, mask=mask)
+    return out @ w_o, w[:, None].expand(-1, h, -1, -1)
+
+
+def mha_wrong_scale(x, w_q, w_k, w_v, w_o, h, mask=None):
+    q, k, v = split_ok(x @ w_q, h), split_ok(x @ w_k, h), split_ok(x @ w_v, h)
+    heads, w = scaled_dot_product_attention(q, k, v, mask=mask, scale=1 / math.sqrt(x.shape[-1]))
+    return merge_ok(heads) @ w_o, w
+
+
+def mha_no_mask(x, w_q, w_k, w_v, w_o, h, mask=None):
+    return mha_ok(x, w_q, w_k, w_v, w_o, h, None)
+
+
+def mha_no_mix(x, w_q, w_k, w_v, w_o, h, mask=None):
+    out, w = mha_ok(x, w_q, w_k, w_v, torch.eye(x.shape[-1], dtype=x.dtype), h, mask)
+    return out, w
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda *a: mha_ok(*a)[0], "should return a pair"),
+    (mha_no_split, "same weights as one full-width head"),
+    (mha_wrong_scale, "wrong scale"),
+    (mha_no_mask, "mask is False"),
+    (mha_no_mix, "without the final mix"),
+    (lambda *a: (mha_ok(*a)[0], mha_ok(*a)[1].mean(1)), "shape"),
+    (lambda *a: (mha_ok(*a)[0][:, :-1], mha_ok(*a)[1]), "out has shape"),
+])
+def test_wrong_multi_head_attention(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.multi_head_attention(wrong)
+
+
+def test_multi_head_attention_by_torch_module_is_refused():
+    from course_lib.multihead import MultiHeadAttention
+
+    def via_module(x, w_q, w_k, w_v, w_o, h, mask=None):
+        m = MultiHeadAttention(x.shape[-1], h, bias=False).double()
+        return m(x, mask=mask)
+
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.multi_head_attention(via_module)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda w: prev_ok(w).mean(), "one number"),
+    (lambda w: torch.diagonal(w, dim1=-2, dim2=-1).mean(dim=(0, 2)), "diagonal"),
+    (lambda w: torch.cat([torch.zeros(*w.shape[:2], 1, dtype=w.dtype),
+                          torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)], -1).mean(dim=(0, 2)), "n - 1 queries"),
+    (lambda w: torch.diagonal(w, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)), "differs"),
+    (lambda w: np.full(w.shape[1], np.nan), "NaN"),
+])
+def test_wrong_previous_token_score(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.previous_token_score(wrong)
