@@ -13,7 +13,7 @@
 4. Run it in a worker subprocess (`python -m course_lib.grading --worker`), in a fresh kernel
    whose working directory is a scratch folder holding a copy of the submission, with a per-cell
    time limit (the kernel is interrupted and later cells still run; a kernel that ignores the
-   interrupt is killed and restarted) and a memory cap (RLIMIT_AS, set in the kernel process
+   interrupt is killed and restarted) and a memory cap (RLIMIT_DATA, set in the kernel process
    before ipykernel starts; Linux only, elsewhere no cap). A kernel that dies (os._exit, a
    segfault) is restarted, the cells that ran before are replayed, and grading goes on.
 5. Score: each graded cell earns its points when it runs without error, else 0 with the
@@ -153,10 +153,18 @@ class Source:
         return self.path.name
 
 
-def default_solutions_dir() -> Path:
+def default_solutions_dir(folder: str = "solutions") -> Path:
     """The course's own solutions/ (next to course_lib), else ./solutions."""
-    here = Path(__file__).resolve().parent.parent / "solutions"
-    return here if here.is_dir() else Path("solutions")
+    here = Path(__file__).resolve().parent.parent / folder
+    return here if here.is_dir() else Path(folder)
+
+
+def default_check_dir() -> Path:
+    """Where `course check` takes its check cells from: solutions/, or, in a copy of the course
+    handed out without solutions, the exercise notebooks themselves (same check cells, no hidden
+    tests, which `check` does not run anyway)."""
+    solutions = default_solutions_dir()
+    return solutions if any(solutions.glob("*.ipynb")) else default_solutions_dir("exercises")
 
 
 def load_sources(solutions_dir: Path | None = None) -> dict[str, Source]:
@@ -225,9 +233,10 @@ def _exercise_of(source: Source) -> dict[int, str]:
 
 
 def _hints(text: str) -> list[str]:
+    """The `# HINT:` lines just above a solution region (or above its stub, in an exercise)."""
     lines = text.split("\n")
     return [HINT.match(a).group(1).strip() for a, b in zip(lines, lines[1:])
-            if BEGIN_SOLUTION in b and HINT.match(a)]
+            if (BEGIN_SOLUTION in b or "# YOUR CODE HERE" in b) and HINT.match(a)]
 
 
 def assemble(source: Source, nb: Any, *, hidden: bool = True) -> Plan:
@@ -615,9 +624,10 @@ def main_check(args: argparse.Namespace) -> int:
         return 1
     print(f"Running {path} in a fresh kernel (a scratch copy; your file is not changed)...", flush=True)
     results = grade([path], timeout=args.timeout, memory_mb=getattr(args, "memory_mb", 4096),
-                    hidden=False, jobs=1, solutions_dir=getattr(args, "solutions", None))
+                    hidden=False, jobs=1, solutions_dir=getattr(args, "solutions", None) or default_check_dir())
     sys.stdout.write(format_table(results, hints=True))
     r = results[0]
+    print()
     if r.exercises and not r.error:
         if r.score == r.max_score:
             print("All checks pass. Compare your code with the solution notebook, then go on.")
@@ -632,14 +642,18 @@ def main_check(args: argparse.Namespace) -> int:
 # The worker: runs one assembled notebook in a fresh, limited kernel (a separate process)
 
 # Runs in the kernel's own process before ipykernel: cap memory, no core files, and die with the
-# worker (PR_SET_PDEATHSIG), then become the kernel.
+# worker (PR_SET_PDEATHSIG), then become the kernel. The cap is RLIMIT_DATA (every writable
+# private mapping: the heap, NumPy and torch buffers, thread stacks), not RLIMIT_AS: address space
+# that is only reserved (CUDA reserves tens of GB, glibc an arena per thread) does not count, so
+# the cap means what an instructor expects from "memory" and GPU kernels still start. Linux only:
+# macOS does not enforce it, Windows has no rlimits; there the kernel runs without a cap.
 _LAUNCHER = """
 import os, sys
 mb, cmd = int(sys.argv[1]), sys.argv[2:]
 try:
     import resource
-    if mb > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))
+    if mb > 0 and sys.platform.startswith("linux"):
+        resource.setrlimit(resource.RLIMIT_DATA, (mb << 20, mb << 20))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 except (ImportError, ValueError, OSError, AttributeError):
     pass

@@ -167,6 +167,13 @@ def _code_key(code: Any) -> tuple:
     return (code.co_filename, code.co_firstlineno, code.co_name)
 
 
+def _target_name(owner: Any, attr: str) -> str:
+    """`course_lib.lookup.soft_lookup`, or for a class `course_lib.multihead.MultiHeadAttention.forward`."""
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}.{attr}"
+    return f"{getattr(owner, '__name__', owner)}.{attr}"
+
+
 class _Forbid:
     """The context manager behind `forbid`; see its docstring."""
 
@@ -180,7 +187,7 @@ class _Forbid:
         self.builtins: dict[int, str] = {}   # id(builtin function) -> reference name
         self.keep_alive: list[Any] = []
         for module, attr in targets:
-            name = f"{getattr(module, '__name__', module)}.{attr}"
+            name = _target_name(module, attr)
             for fn in _unwrap(getattr(module, attr)):
                 code = getattr(fn, "__code__", None)
                 if code is not None:
@@ -191,8 +198,10 @@ class _Forbid:
                     self.keep_alive.append(fn)
 
     def _message(self, name: str) -> str:
-        return (f"{self.exercise}: your answer calls the course's own `{name}`. Write it yourself "
-                "from the operations the chapter used; that is the exercise.")
+        whose = "the course's own " if name.startswith("course_lib.") or "." not in name else ""
+        return (f"{self.exercise}: your answer calls {whose}`{name}`" +
+                ("" if whose else ", which does the exercise for you") +
+                ". Write it yourself from the operations the chapter used; that is the exercise.")
 
     def _make_trap(self, name: str):
         def trap(*args, **kwargs):
@@ -245,7 +254,7 @@ class _Forbid:
         self._arguments_are_reference()
         for module, attr in self.targets:
             self.originals.append((module, attr, getattr(module, attr)))
-            setattr(module, attr, self._make_trap(f"{getattr(module, '__name__', module)}.{attr}"))
+            setattr(module, attr, self._make_trap(_target_name(module, attr)))
         self.previous_profile = sys.getprofile()
         self.previous_thread_profile = threading.getprofile()
         self.hook = self._profile  # one bound-method object, so __exit__ can recognise it
