@@ -271,9 +271,11 @@ def assemble(source: Source, nb: Any, *, hidden: bool = True) -> Plan:
     for i, cell in enumerate(source.nb.cells):
         gid, m = _grade_id(cell), _meta(cell)
         ex = owner.get(i)
-        if m.get("solution") and gid:
+        if m.get("solution"):
+            if not gid:  # cannot be matched to the submission; never run the source's solution
+                continue
             if ex and cell.cell_type == "code":
-                hints.setdefault(ex, "; ".join(_hints(cell.source)))
+                hints[ex] = "; ".join(filter(None, [hints.get(ex), *_hints(cell.source)]))
             k = first.get(gid)
             sub = sub_cells[k] if k is not None else None
             if cell.cell_type == "code":
@@ -339,7 +341,7 @@ def score(source: Source, plan: Plan, statuses: list[dict], *, timeout: float,
     for cell, st in zip(plan.cells, statuses):
         if cell.role == "test":
             by_test[cell.grade_id] = st
-        elif cell.role == "answer" and cell.exercise and st.get("status") not in ("ok", None):
+        elif cell.role == "answer" and cell.exercise and st.get("status") not in ("ok", "skipped", None):
             what = _status_text(st, timeout, memory_mb)
             answer_trouble.setdefault(cell.exercise, []).append(f"your answer cell `{cell.grade_id}`: {what}")
     results = []
@@ -472,7 +474,8 @@ def _run_in_worker(name: str, data: bytes, plan: Plan, *, timeout: float, memory
             error = f"grading did not finish within {deadline:.0f} s; the rest was not run"
         for line in out.decode("utf-8", "replace").splitlines():
             if line.startswith(RESULT_MARK):
-                statuses = json.loads(line[len(RESULT_MARK):])
+                reply = json.loads(line[len(RESULT_MARK):])
+                statuses, error = reply["statuses"], reply["error"] or error
         if not statuses and error is None:
             tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
             error = (f"the grading worker stopped (exit status {proc.returncode})"
@@ -710,7 +713,8 @@ def _failing_line(traceback: list[str]) -> str:
     return ""
 
 
-async def _run_cells(spec: dict) -> list[dict]:
+async def _run_cells(spec: dict) -> dict:
+    """Run the cells; {"statuses": one dict per cell, "error": None or why the kernel failed}."""
     from nbclient.exceptions import DeadKernelError
 
     timeout = float(spec["timeout"])
@@ -765,7 +769,12 @@ async def _run_cells(spec: dict) -> list[dict]:
 
     statuses: list[dict] = []
     restarts = 0
-    await start()
+    try:
+        await start()
+    except Exception as e:  # noqa: BLE001 - e.g. a memory cap too small for Python itself
+        reason = (f"the kernel could not start ({type(e).__name__}: {str(e)[:200]}); "
+                  f"is the memory cap of {memory_mb} MB too small?")
+        return {"statuses": [{"status": "skipped", "reason": reason}] * len(nb.cells), "error": reason}
     try:
         i = 0
         while i < len(nb.cells):
@@ -780,7 +789,12 @@ async def _run_cells(spec: dict) -> list[dict]:
                 statuses += [{"status": "skipped", "reason": reason}] * (len(nb.cells) - i)
                 break
             restarts += 1
-            await start()
+            try:
+                await start()
+            except Exception as e:  # noqa: BLE001
+                reason = f"not run: the kernel could not be restarted ({type(e).__name__})"
+                statuses += [{"status": "skipped", "reason": reason}] * (len(nb.cells) - i)
+                break
             # Rebuild the state the later cells expect: replay what ran normally before.
             for j in range(i - 1):
                 if statuses[j]["status"] in ("ok", "error"):
@@ -792,13 +806,13 @@ async def _run_cells(spec: dict) -> list[dict]:
                         break
     finally:
         await stop()
-    return statuses
+    return {"statuses": statuses, "error": None}
 
 
 def _worker_main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    statuses = asyncio.run(_run_cells(spec))
-    sys.stdout.write("\n" + RESULT_MARK + json.dumps(statuses) + "\n")
+    result = asyncio.run(_run_cells(spec))
+    sys.stdout.write("\n" + RESULT_MARK + json.dumps(result) + "\n")
     sys.stdout.flush()
     return 0
 
