@@ -278,3 +278,24 @@ def test_cache_memory_rows():
     assert rows[0]["weight_bytes"] == sum(p.numel() * 4 for p in model.parameters())
     assert rows[1]["cache_over_weights"] == pytest.approx(rows[1]["cache_bytes"] / rows[1]["weight_bytes"])
     assert cache_memory(model, [64], dtype=torch.float16)[0]["cache_bytes"] == 2 * 2 * 4 * 64 * 8 * 2
+
+
+# ---------------------------------------------------------------- against PyTorch's attention
+
+@pytest.mark.parametrize("seed,heads", [(0, 1), (1, 4), (2, 8)])
+def test_attention_layer_matches_torch_sdpa(seed, heads):
+    """The layer = one qkv map, heads split, RoPE on q and k, causal torch SDPA, output map."""
+    torch.manual_seed(seed)
+    model = TinyTransformer(vocab_size=11, d_model=32, num_heads=heads, num_layers=1, max_len=16)
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 7, 32)
+    B, n, dh = 2, 7, 32 // heads
+    q, k, v = (x @ w.T + b for w, b in zip(attn.qkv.weight.split(32), attn.qkv.bias.split(32)))
+    q, k, v = (t.view(B, n, heads, dh).transpose(1, 2) for t in (q, k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(apply_rope(q), apply_rope(k), v, is_causal=True)
+    want = attn.proj(want.transpose(1, 2).reshape(B, n, 32))
+    positions = torch.arange(n).expand(B, n)
+    mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+    with torch.no_grad():
+        got = attn(x, positions, mask)
+    assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)
