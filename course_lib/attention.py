@@ -45,6 +45,8 @@ def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
     _check_float_tensor(scores, "scores")
     if not -scores.ndim <= dim < scores.ndim:
         raise ValueError(f"dim={dim} is out of range for scores of shape {_shape(scores)}")
+    if scores.shape[dim] == 0:
+        raise ValueError(f"scores of shape {_shape(scores)} have no entries along dim={dim} to normalise")
     row_max = scores.detach().amax(dim=dim, keepdim=True)
     # an all -inf row has max -inf; use 0 so that (-inf) - 0 = -inf, not (-inf) - (-inf) = NaN
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
@@ -67,6 +69,8 @@ def _check_attention_inputs(q, k, v, mask, scale) -> tuple[int, ...]:
                          f"(q {_shape(q)}, k {_shape(k)}; both want (..., n, d_k))")
     if q.shape[-1] == 0:
         raise ValueError(f"q and k need d_k >= 1, got q {_shape(q)}, k {_shape(k)}")
+    if k.shape[-2] == 0:
+        raise ValueError(f"k has no keys (shape {_shape(k)}): every query needs at least one key to look at")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k has n_k={k.shape[-2]} keys but v has {v.shape[-2]} values "
                          f"(k {_shape(k)}, v {_shape(v)}; want one value row per key)")

@@ -95,6 +95,8 @@ def test_softmax_rejects_bad_input(bad, match):
 def test_softmax_rejects_dim_out_of_range():
     with pytest.raises(ValueError, match=r"dim=2 is out of range for scores of shape \(3, 4\)"):
         softmax(torch.zeros(3, 4), dim=2)
+    with pytest.raises(ValueError, match=r"scores of shape \(3, 0\) have no entries along dim=-1"):
+        softmax(torch.zeros(3, 0))
 
 
 # ---------------------------------------------------------------- attention vs SDPA
@@ -233,6 +235,7 @@ Q, K, V = torch.zeros(2, 5, 64), torch.zeros(2, 6, 64), torch.zeros(2, 6, 16)
 @pytest.mark.parametrize("args,kwargs,match", [
     ((Q, torch.zeros(2, 6, 32), V), {}, r"q has d_k=64 but k has d_k=32"),
     ((Q, K, torch.zeros(2, 7, 16)), {}, r"k has n_k=6 keys but v has 7 values"),
+    ((Q, torch.zeros(2, 0, 64), torch.zeros(2, 0, 16)), {}, r"k has no keys \(shape \(2, 0, 64\)\)"),
     ((Q.long(), K, V), {}, r"q must be a floating-point tensor.*int64"),
     ((Q, K.double(), V), {}, r"q is torch.float32, k is torch.float64"),
     ((Q, K, V.half()), {}, r"v is torch.float16"),
