@@ -134,21 +134,31 @@ def _time(fn, repeats: int) -> float:
 
 
 @torch.no_grad()
-def benchmark_serial_vs_parallel(ns=(32, 64, 128, 256, 512), d: int = 64, batch: int = 8,
-                                 repeats: int = 3, seed: int = 0) -> list[dict[str, float]]:
+def benchmark_serial_vs_parallel(ns=(16, 32, 64, 128, 256, 512), d: int = 64, batch: int = 4,
+                                 repeats: int = 3, seed: int = 0, threads: int | None = 1
+                                 ) -> list[dict[str, float]]:
     """Best-of-`repeats` wall time (ms) of the RNN's step loop vs one attention call, per length n.
 
     The RNN runs n dependent steps; attention runs two matrix products over all n at once.
-    Timings vary by machine and load: read them as a trend, not as numbers.
+    threads: CPU threads for the measurement (default 1, so that it measures waiting, not core
+    count; None keeps torch's setting). Timings vary by machine and load: read the trend.
     """
     from course_lib.attention import scaled_dot_product_attention
 
-    torch.manual_seed(seed)
-    rnn = RunningSummaryRNN(d, d)
-    rows = []
-    for n in ns:
-        x = torch.randn(batch, n, d)
-        rnn_s = _time(lambda: rnn(x), repeats)
-        attn_s = _time(lambda: scaled_dot_product_attention(x, x, x), repeats)
-        rows.append({"n": n, "rnn_ms": 1e3 * rnn_s, "attention_ms": 1e3 * attn_s})
+    if not ns or any(not isinstance(n, int) or n < 1 for n in ns):
+        raise ValueError(f"ns should be positive sequence lengths, got {ns!r}")
+    was = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(seed)
+        rnn = RunningSummaryRNN(d, d)
+        rows = []
+        for n in ns:
+            x = torch.randn(batch, n, d)
+            rnn_s = _time(lambda: rnn(x), repeats)
+            attn_s = _time(lambda: scaled_dot_product_attention(x, x, x), repeats)
+            rows.append({"n": n, "rnn_ms": 1e3 * rnn_s, "attention_ms": 1e3 * attn_s})
+    finally:
+        torch.set_num_threads(was)
     return rows
