@@ -1,0 +1,155 @@
+"""Chapter 06's checkers pass right answers and turn every kind of wrong answer into feedback."""
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.checks import CheckFailure
+from course_lib.checks import ch06 as check
+
+
+def step_ok(x_t, h, W_xh, W_hh, b):
+    return torch.tanh(x_t @ W_xh.T + h @ W_hh.T + b)
+
+
+def run_ok(x, W_xh, W_hh, b):
+    h = x.new_zeros(x.shape[0], W_hh.shape[0])
+    outs = []
+    for t in range(x.shape[1]):
+        h = step_ok(x[:, t], h, W_xh, W_hh, b)
+        outs.append(h)
+    return torch.stack(outs, 1), h
+
+
+def grad_ok(f, x):
+    J = torch.autograd.functional.jacobian(lambda t: f(t)[0, -1], x)
+    return J.pow(2).sum(dim=(0, 1, 3)).sqrt()
+
+
+def memory_ok(n, d, layers):
+    return d * layers, 2 * n * d * layers
+
+
+def not_implemented(*args):
+    raise NotImplementedError("torch.tanh(...)")
+
+
+def explodes(*args):
+    return {}["missing"]
+
+
+CORRECT = {
+    check.rnn_step: step_ok,
+    check.run_rnn: run_ok,
+    check.gradient_vs_distance: grad_ok,
+    check.memory_numbers: memory_ok,
+}
+
+GENERIC_WRONG = [
+    (None, "None"),
+    (42, "should be a function"),
+    (not_implemented, "not written yet"),
+    (explodes, "raised KeyError"),
+    (lambda *a: None, "forget to `return`|should return a pair"),
+    (lambda *a: "text", "should be a tensor|should return a pair|could not be read"),
+]
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+def test_correct_answers_pass(checker, capsys):
+    checker(CORRECT[checker])
+    assert capsys.readouterr().out.startswith("✔")
+
+
+@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("wrong,words", GENERIC_WRONG, ids=[w for _, w in GENERIC_WRONG])
+def test_generic_wrong_answers_give_feedback(checker, wrong, words):
+    with pytest.raises(CheckFailure) as info:
+        checker(wrong)
+    assert any(w in str(info.value) for w in words.split("|")), str(info.value)
+
+
+def test_numpy_answers_are_read():
+    check.rnn_step(lambda *a: step_ok(*a).numpy())
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda x, h, Wx, Wh, b: x @ Wx.T + h @ Wh.T + b, "tanh"),
+    (lambda x, h, Wx, Wh, b: torch.tanh(x @ Wx.T + h @ Wh.T), "bias"),
+    (lambda x, h, Wx, Wh, b: torch.tanh(x @ Wx.T + b), "ignores the previous summary"),
+    (lambda x, h, Wx, Wh, b: torch.tanh(x @ Wx.T + h @ Wh + b), "differs|untransposed"),
+    (lambda x, h, Wx, Wh, b: step_ok(x, h, Wx, Wh, b)[0], "shape"),
+    (lambda x, h, Wx, Wh, b: step_ok(x, h, Wx, Wh, b) * float("nan"), "NaN"),
+])
+def test_wrong_rnn_step(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.rnn_step(wrong)
+
+
+def run_no_carry(x, W_xh, W_hh, b):
+    out = torch.tanh(x @ W_xh.T + b)
+    return out, out[:, -1]
+
+
+def run_time_major(x, W_xh, W_hh, b):
+    out, h = run_ok(x, W_xh, W_hh, b)
+    return out.transpose(0, 1), h
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda *a: run_ok(*a)[0], "should return a pair"),
+    (run_no_carry, "ignores the previous state"),
+    (run_time_major, "dim=1|shape"),
+    (lambda *a: (run_ok(*a)[0], run_ok(*a)[0][:, 0]), "h_last"),
+])
+def test_wrong_run_rnn(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.run_rnn(wrong)
+
+
+def test_run_rnn_by_torch_module_is_refused():
+    import torch.nn as nn
+
+    def via_torch(x, W_xh, W_hh, b):
+        rnn = nn.RNN(x.shape[-1], W_hh.shape[0], batch_first=True).double()
+        return rnn(x)[0], rnn(x)[1][0]
+
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.run_rnn(via_torch)
+
+
+def grad_of_sum(f, x):
+    x = x.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(f(x)[0, -1].sum(), x)
+    return g[0].norm(dim=-1)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda f, x: grad_ok(f, x).flip(0), "reverse"),
+    (grad_of_sum, "SUM"),
+    (lambda f, x: grad_ok(f, x)[:-1], "shape"),
+    (lambda f, x: grad_ok(f, x) ** 2, "differs"),
+    (lambda f, x: np.zeros(x.shape[1]), "differs"),
+])
+def test_wrong_gradient_vs_distance(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.gradient_vs_distance(wrong)
+
+
+def test_gradient_vs_distance_by_course_function_is_refused():
+    from course_lib.recurrent import gradient_vs_distance
+    with pytest.raises(CheckFailure, match="calls the course's own"):
+        check.gradient_vs_distance(lambda f, x: gradient_vs_distance(f, x))
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (lambda n, d, L: (d, 2 * n * d * L), "multiply by num_layers"),
+    (lambda n, d, L: (d * L, n * d * L), "key AND a value"),
+    (lambda n, d, L: (n * d, 2 * n * d * L), "does not depend on n"),
+    (lambda n, d, L: (d * L, 2 * n * d), "attention keeps"),
+    (lambda n, d, L: ("a", "b"), "two whole numbers"),
+    (lambda n, d, L: 2 * n * d * L, "should return a pair"),
+])
+def test_wrong_memory_numbers(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.memory_numbers(wrong)
