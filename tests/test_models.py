@@ -255,6 +255,8 @@ def test_cache_misuse():
     model(torch.zeros(2, 3, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="lengths belongs to the first call"):
         model(torch.zeros(2, 1, dtype=torch.long), lengths=[1, 1], cache=cache)
+    with pytest.raises(ValueError, match="batch must be an integer >= 1, got 0"):
+        model.new_cache(0)
 
 
 # ---------------------------------------------------------------- the benchmark helpers

@@ -194,6 +194,7 @@ class TinyTransformer(nn.Module):
 
     def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
         """An empty KV cache for `batch` sequences of up to `capacity` (default max_len) tokens."""
+        batch = _check_int(batch, "batch", 1)
         capacity = self.max_len if capacity is None else _check_int(capacity, "capacity", 1)
         p = self.lm_head.weight
         return KVCache(self.num_layers, batch, self.num_heads, capacity, self.d_head, p.dtype, p.device)
