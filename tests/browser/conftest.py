@@ -52,6 +52,7 @@ class Lab:
     root: Path        # the lab's root folder: put the notebooks to open here
     log: Path         # the server's combined stdout/stderr
     runtime_dir: Path  # the server's runtime folder (connection files of its kernels)
+    process: subprocess.Popen | None = None
 
     def kernel_commands(self) -> list[list[str]]:
         """The command lines of the kernels this server is running."""
@@ -134,8 +135,11 @@ def _stop(process: subprocess.Popen, url: str | None, runtime_dir: Path) -> None
 
 
 @pytest.fixture
-def lab(tmp_path: Path):
-    """A token-less JupyterLab on 127.0.0.1 (port picked by the OS), isolated under tmp_path."""
+def _lab_server(tmp_path: Path):
+    """Start JupyterLab (without waiting for it) so Chromium can start meanwhile; stop it after.
+
+    Yields a `Lab` whose url the `lab` fixture fills in once the server answers.
+    """
     _need_chromium()
     root = tmp_path / "root"
     jupyter = tmp_path / "jupyter"
@@ -166,6 +170,9 @@ def lab(tmp_path: Path):
         f"--ServerApp.root_dir={root}",
         "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
         "--ServerApp.terminals_enabled=False",
+        "--ServerApp.jpserver_extensions=jupyter_lsp=False",
+        "--ServerApp.jpserver_extensions=jupyter_server_terminals=False",
+        "--ServerApp.jpserver_extensions=notebook_shim=False",
         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
         "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
         f"--LabApp.user_settings_dir={settings_dir}", f"--LabApp.workspaces_dir={workspaces_dir}",
@@ -179,29 +186,37 @@ def lab(tmp_path: Path):
         process = subprocess.Popen(command, cwd=root, env=env, stdout=log_file,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
-    url = None
+    server = Lab(url="", root=root, log=log, runtime_dir=runtime_dir, process=process)
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(f"JupyterLab exited with {process.returncode} while starting:\n"
-                            + Lab(url="", root=root, log=log, runtime_dir=runtime_dir).log_tail())
-            port = _read_port(runtime_dir, process.pid)
-            if port and _is_up(f"http://127.0.0.1:{port}/"):
-                url = f"http://127.0.0.1:{port}/"
-                break
-            time.sleep(0.25)
-        else:
-            pytest.fail(f"JupyterLab did not answer within {SERVER_START_TIMEOUT_S} s:\n"
-                        + Lab(url="", root=root, log=log, runtime_dir=runtime_dir).log_tail())
-        yield Lab(url=url, root=root, log=log, runtime_dir=runtime_dir)
+        yield server
     finally:
-        _stop(process, url, runtime_dir)
+        _stop(process, server.url or None, runtime_dir)
 
 
 @pytest.fixture
-def page(tmp_path: Path):
-    """A page in a fresh headless Chromium profile; closed (with the browser) after the test."""
+def lab(_lab_server: Lab) -> Lab:
+    """A token-less JupyterLab on 127.0.0.1 (port picked by the OS), isolated under tmp_path."""
+    server, process = _lab_server, _lab_server.process
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"JupyterLab exited with {process.returncode} while starting:\n"
+                        + server.log_tail())
+        port = _read_port(server.runtime_dir, process.pid)
+        if port and _is_up(f"http://127.0.0.1:{port}/"):
+            server.url = f"http://127.0.0.1:{port}/"
+            return server
+        time.sleep(0.25)
+    pytest.fail(f"JupyterLab did not answer within {SERVER_START_TIMEOUT_S} s:\n" + server.log_tail())
+
+
+@pytest.fixture
+def page(tmp_path: Path, _lab_server: Lab):
+    """A page in a fresh headless Chromium profile; closed (with the browser) after the test.
+
+    Depends on `_lab_server` only for the order: the server starts first and boots while
+    Chromium launches, and the browser closes before the server stops.
+    """
     _need_chromium()
     from playwright.sync_api import sync_playwright
 

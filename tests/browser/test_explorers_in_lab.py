@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -240,6 +241,12 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
         return ("\n--- browser console errors ---\n" + "\n".join(console[-20:])
                 + "\n--- server log ---\n" + lab.log_tail(40))
 
+    clock = [time.monotonic()]
+
+    def lap() -> str:
+        clock.append(time.monotonic())
+        return f"{clock[-1] - clock[-2]:.1f} s"
+
     page.goto(f"{lab.url}lab/tree/{rel}", wait_until="domcontentloaded")
     try:
         page.wait_for_function(KERNEL_READY, arg=rel, timeout=LAB_READY_TIMEOUT_MS, polling=250)
@@ -247,6 +254,7 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
         page.screenshot(path=str(SCREENSHOTS / f"{shot_name}_not_ready.png"))
         pytest.fail(f"notebook {rel} never got a connected, idle kernel: {e}{context()}")
 
+    timings = [f"lab open with an idle kernel: {lap()}"]
     page.evaluate(RUN_ALL)
     try:
         page.wait_for_function(RUN_FINISHED, timeout=RUN_ALL_TIMEOUT_MS, polling=250)
@@ -256,6 +264,7 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
         pytest.fail(f"run-all did not finish in {RUN_ALL_TIMEOUT_MS // 1000} s (cells not run: "
                     f"{pending}): {e}{context()}")
     run = page.evaluate("() => window.__courseRun")
+    timings.append(f"run all cells: {lap()}")
     report = page.evaluate(CELL_REPORT)
     problems = problems_in(report)
     if run["error"]:
@@ -287,7 +296,7 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
             page.screenshot(path=str(SCREENSHOTS / f"{shot_name}_no_redraw.png"))
             pytest.fail(f"cell {index}: {action}, but the figure did not change{context()}")
         page.wait_for_function(KERNEL_IDLE, timeout=REDRAW_TIMEOUT_MS, polling=100)
-        moves.append(f"cell {index}: {action}; the figure redrew")
+        moves.append(f"cell {index}: {action}; the figure redrew ({lap()})")
         cell.scroll_into_view_if_needed()
         suffix = "" if k == 0 else f"_{k + 1}"
         page.screenshot(path=str(SCREENSHOTS / f"{shot_name}{suffix}_lab.png"))
@@ -300,7 +309,7 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
     kernels = lab.kernel_commands()
     assert kernels and all(cmd[0] == sys.executable for cmd in kernels), (
         f"the notebook ran in {kernels}, not in this environment's python ({sys.executable})")
-    print("\n".join(moves))
+    print(f"\n{source.name}: " + "; ".join(timings + moves))
 
 
 # ---------------------------------------------------------------- the tests
@@ -327,7 +336,7 @@ SCRATCH_CELLS = [
 
 @pytest.mark.skipif(bool(explorer_notebooks()), reason="the lecture notebooks' explorers cover "
                     "the same machinery (test_lecture_explorers_work_in_lab)")
-def test_scratch_explorer_redraws_in_lab(lab, page, tmp_path):
+def test_scratch_explorer_redraws_in_lab(page, lab, tmp_path):  # page first: see conftest
     """The Explorer machinery alone, on a two-cell notebook: controls render, a move redraws.
 
     Runs only while no lecture shows an explorer; then the lecture tests cover the same ground.
@@ -340,7 +349,7 @@ def test_scratch_explorer_redraws_in_lab(lab, page, tmp_path):
 
 
 @pytest.mark.parametrize("notebook", explorer_notebooks(), ids=lambda p: p.stem)
-def test_lecture_explorers_work_in_lab(lab, page, notebook):
+def test_lecture_explorers_work_in_lab(page, lab, notebook):  # page first: see conftest
     """A lecture notebook runs cleanly in the lab and each of its explorers redraws when moved."""
     run_notebook_in_lab(lab, page, notebook, notebook.stem)
     if notebook.stem.startswith("01_") and os.environ.get("COURSE_UPDATE_DOCS_IMG") == "1":
