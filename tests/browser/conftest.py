@@ -27,6 +27,7 @@ CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+    "--disable-dev-shm-usage",  # containers (CI) often have a 64 MB /dev/shm; Chromium crashes in it
 ]
 SERVER_START_TIMEOUT_S = 180  # generous: the suite shares two cores with nbval workers
 
