@@ -28,6 +28,7 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
     "--disable-dev-shm-usage",  # containers (CI) often have a 64 MB /dev/shm; Chromium crashes in it
+    "--no-proxy-server",  # the lab is on loopback: never route it through an $http_proxy
 ]
 SERVER_START_TIMEOUT_S = 180  # generous: the suite shares two cores with nbval workers
 
@@ -81,9 +82,13 @@ def _read_port(runtime_dir: Path, pid: int) -> int | None:
         return None  # not written yet, or written half-way
 
 
+# Talk to the loopback server directly, whatever $http_proxy says.
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _is_up(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + "api/status", timeout=5) as response:
+        with _LOCAL.open(url + "api/status", timeout=5) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -109,7 +114,7 @@ def _stop(process: subprocess.Popen, url: str | None, runtime_dir: Path) -> None
     if url is not None and process.poll() is None:
         try:
             request = urllib.request.Request(url + "api/shutdown", method="POST", data=b"")
-            urllib.request.urlopen(request, timeout=10).close()
+            _LOCAL.open(request, timeout=10).close()
         except (urllib.error.URLError, OSError):
             pass
         try:
