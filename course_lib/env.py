@@ -19,13 +19,16 @@ def seed_everything(seed: int = 0) -> None:
     torch.manual_seed(seed)
 
 
-def setup_notebook(seed: int = 0) -> None:
-    """The first call of every notebook: seeds, print precision, and a plotting style.
+def setup_notebook(seed: int = 0, threads: int = 1) -> None:
+    """The first call of every notebook: seeds, one CPU thread, print precision, a plotting style.
 
-    Printing tensors with 4 decimals keeps outputs stable across machines, whose last float
-    digits may differ with the number of threads.
+    One thread makes float reductions happen in the same order on every machine, so a laptop with
+    16 cores prints the same digits as the 2-core machine the outputs were saved on (the course's
+    tensors are small; extra threads buy little). Printing 4 decimals hides what is left.
+    Benchmarks that compare against multi-threaded code set their own thread count.
     """
     seed_everything(seed)
+    torch.set_num_threads(threads)
     torch.set_printoptions(precision=4, sci_mode=False)
     np.set_printoptions(precision=4, suppress=True)
     try:

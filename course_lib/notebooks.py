@@ -17,8 +17,21 @@ from nbclient import NotebookClient
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
+def _merge_streams(outputs: list) -> list:
+    """Join consecutive stdout (or stderr) chunks: how a cell's prints are split depends on timing."""
+    merged: list = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and prev is not None
+                and prev.get("output_type") == "stream" and prev.get("name") == out.get("name")):
+            prev["text"] = prev["text"] + out["text"]
+        else:
+            merged.append(out)
+    return merged
+
+
 def normalise(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Remove volatile metadata: per-cell timings and widget state/model ids."""
+    """Remove volatile metadata and layout: timings, widget state/model ids, stream chunking."""
     nb.metadata.pop("widgets", None)
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
                                  "name": "python3"}
@@ -26,7 +39,8 @@ def normalise(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         cell.metadata.pop("execution", None)
         if cell.cell_type != "code":
             continue
-        for out in cell.get("outputs", []):
+        cell.outputs = _merge_streams(cell.get("outputs", []))
+        for out in cell.outputs:
             if "data" in out:
                 out["data"].pop(WIDGET_VIEW, None)
     return nb

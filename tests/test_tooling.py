@@ -40,6 +40,7 @@ def test_execute_in_place_is_byte_stable(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("import random\nrandom.seed(0)\nprint(random.random())"),
         nbformat.v4.new_code_cell("import ipywidgets\nipywidgets.IntSlider(value=3)"),
+        nbformat.v4.new_code_cell("import sys, time\nfor i in range(3):\n    print(i); sys.stdout.flush(); time.sleep(0.05)"),
     ])
     path = tmp_path / "t.ipynb"
     nbformat.write(nb, path)
@@ -49,6 +50,7 @@ def test_execute_in_place_is_byte_stable(tmp_path):
     assert path.read_bytes() == first
     text = first.decode()
     assert "0.8444218515250481" in text and '"execution"' not in text and WIDGET_VIEW not in text
+    assert len(nbformat.reads(text, as_version=4).cells[2].outputs) == 1, "stream chunks are merged"
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.name}")
