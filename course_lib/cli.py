@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell (default 60)")
     p.add_argument("--memory-mb", type=int, default=4096, help="memory cap per kernel in MB (default 4096)")
     p.add_argument("--jobs", type=int, default=None,
-                   help="submissions graded at once (default: 2, or 1 on a single core)")
+                   help="submissions graded at once (default: half the CPU cores, 2 to 4)")
     p.add_argument("--solutions", type=Path, default=None,
                    help="folder of source notebooks (default: the course's solutions/)")
     p.set_defaults(func=cmd_grade)

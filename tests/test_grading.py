@@ -144,6 +144,11 @@ HOSTILE = {
     "output_flood.ipynb": (
         submission(**dict(SOLVED, fx_double="for _ in range(40):\n    print('x' * 2**20)\n" + SOLVED["fx_double"])),
         {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}, {}),
+    "leaves_a_child_process.ipynb": (
+        submission(**dict(SOLVED, fx_inc="import subprocess, sys\n"
+                                         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(424242)'])\n"
+                                         + SOLVED["fx_inc"])),
+        {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}, {}),
     "kills_the_worker.ipynb": (
         submission(**dict(SOLVED, fx_inc="import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")),
         {"fx_double_test": 0, "fx_square_test": 0, "fx_inc_test": 0}, {}),
@@ -258,6 +263,16 @@ def test_every_submission_file_is_byte_identical_and_nothing_was_added(hostile_r
     _, _, before, after, subs = hostile_run
     assert after == before
     assert not (subs / "pwned.txt").exists() and not (subs.parent / "pwned.txt").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_no_process_started_by_a_submission_outlives_grading(hostile_run):
+    lingering = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if b"time.sleep(424242)" in cmdline.read_bytes():
+                lingering.append(cmdline.parent.name)
+    assert lingering == []
 
 
 def _by_name(results):
