@@ -290,5 +290,7 @@ def forbid(*targets: tuple[Any, str], exercise: str) -> _Forbid:
     does not help: the call is recorded by a profile hook on the reference's code object. The
     checker's own calls to the reference inside the block (through an alias, or via other
     course_lib code) do not count; calls through the module attribute fail, as they always did.
+    Compute the expected values outside the block (or call the reference directly, never through
+    `call()`, which is how the learner's code is recognised).
     """
     return _Forbid(targets, exercise)
