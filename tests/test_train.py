@@ -70,12 +70,80 @@ def test_a_different_seed_gives_different_weights():
     assert not torch.equal(*results)
 
 
-def test_bracket_task_loss_falls_and_heads_learn():
+def test_heads_specialise_on_the_bracket_task():
+    """The claim of lecture 05, with its settings: one previous-token head, one bracket head."""
     task = BracketTask()
-    torch.manual_seed(0)
-    model = HeadsModel(task.vocab_size, task.num_classes)
-    history = train(model, task.batch, steps=120, lr=1e-2, seed=0, progress=False)
-    assert sum(history.loss[-10:]) / 10 < 0.5 * sum(history.loss[:10]) / 10
+    torch.manual_seed(2)
+    model = HeadsModel(task.vocab_size, task.num_classes, d_model=32, num_heads=2)
+    history = train(model, task.batch, steps=200, lr=1e-2, seed=2, progress=False)
+    assert sum(history.loss[-10:]) / 10 < 0.05 * sum(history.loss[:10]) / 10
+    tokens, targets = task.batch(torch.Generator().manual_seed(123), batch=500)
+    assert evaluate(model, tokens, targets) > 0.98
+    with torch.no_grad():
+        _, weights = model(tokens)
+    scores = task.head_scores(weights, tokens)
+    prev, bracket = int(scores["previous"].argmax()), int(scores["bracket"].argmax())
+    assert prev != bracket
+    assert scores["previous"][prev] > 0.8 and scores["bracket"][bracket] > 0.8
+
+
+def test_bracket_task_data_is_well_formed():
+    task = BracketTask(letters=4, kinds=2, n=20)
+    tokens, targets = task.batch(torch.Generator().manual_seed(0), batch=50)
+    assert tokens.shape == targets.shape == (50, 21)
+    assert (tokens[:, 0] == task.bos).all() and (targets[:, 0] == -100).all()
+    assert (targets[:, 1:] // (task.kinds + 1) == tokens[:, :-1]).all()  # previous token
+    for row, tgt in zip(tokens.tolist(), targets.tolist()):
+        inside = 0
+        for t in range(1, 21):
+            tok = row[t]
+            if task.open <= tok < task.close:
+                assert inside == 0, "brackets do not nest"
+                inside = tok - task.open + 1
+            elif task.close <= tok < task.bos:
+                assert inside == tok - task.close + 1, "a closing bracket matches its opener"
+                inside = 0
+            assert tgt[t] % (task.kinds + 1) == inside
+    assert task.decode(tokens[0])[0] == "^"
+
+
+def test_head_scores_of_perfect_heads():
+    task = BracketTask()
+    tokens, _ = task.batch(torch.Generator().manual_seed(1), batch=20)
+    B, n = tokens.shape
+    prev = torch.zeros(B, n, n)
+    prev[:, 0, 0] = 1
+    prev[:, torch.arange(1, n), torch.arange(n - 1)] = 1
+    target = task.enclosing_open(tokens)                           # (B, n)
+    bracket = torch.zeros(B, n, n)
+    bracket.scatter_(2, target.clamp(min=0)[..., None], 1.0)
+    scores = task.head_scores(torch.stack([prev, bracket], dim=1), tokens)
+    torch.testing.assert_close(scores["previous"][0], torch.tensor(1.0))
+    torch.testing.assert_close(scores["bracket"][1], torch.tensor(1.0))
+    assert scores["previous"][1] < 0.5 and scores["bracket"][0] < 0.5
+    with pytest.raises(ValueError, match="wanted weights"):
+        task.head_scores(prev, tokens)
+
+
+def test_recall_batch_targets_and_distances():
+    from course_lib.models.small import accuracy_by_distance, recall_distances
+    tokens, targets = recall_batch(torch.Generator().manual_seed(0), batch=200, n=10, vocab=5)
+    k = recall_distances(tokens, 5)
+    assert ((1 <= k) & (k <= 10)).all() and len(torch.unique(k)) == 10
+    assert (targets[:, :-1] == -100).all()
+    assert (targets[:, -1] == tokens[torch.arange(200), 10 - k]).all()
+
+    class Oracle(nn.Module):  # answers by looking k back: perfect at every distance
+        def forward(self, x):
+            kk = recall_distances(x, 5)
+            answer = x[torch.arange(len(x)), x.shape[1] - 1 - kk]
+            logits = torch.zeros(*x.shape, 5)
+            logits[torch.arange(len(x)), -1, answer] = 1.0
+            return logits
+
+    assert set(accuracy_by_distance(Oracle(), tokens, targets, 5).values()) == {1.0}
+    with pytest.raises(ValueError, match="max_k"):
+        recall_batch(torch.Generator(), n=4, max_k=5)
 
 
 def test_global_state_is_restored():
