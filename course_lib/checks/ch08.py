@@ -101,19 +101,21 @@ def tiled_forward(fn) -> None:
                          hint="Keep m, l and acc per query row; rescale l and acc by exp(m - m_new) "
                               f"at every tile and divide acc by l at the end. (Case: n_q={q.shape[0]}, "
                               f"n_k={k.shape[0]}, block_size={block}: is the last, shorter tile included?)")
-        n, block = 512, 32
-        g = torch.Generator().manual_seed(10)
-        q, k, v = (torch.randn(n, 16, generator=g) for _ in range(3))
-        from course_lib.flash.measure import peak_bytes
+    # the memory check runs outside `forbid` (its call tracing would slow the profiler badly);
+    # the value checks above already caught answers that call a reference
+    n, block = 512, 128
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(n, 16, generator=g) for _ in range(3))
+    from course_lib.flash.measure import peak_bytes
 
-        peak = peak_bytes(lambda: call(fn, q, k, v, block, name="tiled_forward"))
+    peak = peak_bytes(lambda: call(fn, q, k, v, block, name="tiled_forward"))
     grid = n * n * 4
     if peak >= grid / 2:
         fail(f"with n = {n} and block_size = {block}, your function had {peak / 2**20:.2f} MiB "
              f"allocated at its peak, about the size of the full {n}x{n} score grid "
              f"({grid / 2**20:.2f} MiB): compute scores one (block x block) tile at a time.")
     passed(f"tiled_forward: matches SDPA on ragged sizes, and its peak memory ({peak / 2**20:.2f} MiB "
-           f"at n = {n}) stays far below the {grid / 2**20:.0f} MiB score grid.")
+           f"at n = {n}) stays well below the {grid / 2**20:.0f} MiB score grid.")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -111,6 +111,15 @@ def _check_kernel_inputs(q, k, v, causal, scale):
                          "(compiled) or cpu (interpreter)")
 
 
+def _check_device(q, kernel) -> None:
+    if q.device.type == "cuda" and kernel.INTERPRET:
+        raise ValueError("flash_attention: TRITON_INTERPRET=1 was set, so the kernels run in the "
+                         "interpreter, which needs CPU tensors; got cuda tensors")
+    if q.device.type == "cpu" and not kernel.INTERPRET:
+        raise ValueError("flash_attention: the kernels are compiled for CUDA here; got CPU tensors "
+                         "(move q, k, v to 'cuda', or use tiled_attention on the CPU)")
+
+
 def flash_attention(q, k, v, causal: bool = False, scale=None) -> torch.Tensor:
     """softmax(q kᵀ · scale + M) v by the Triton FlashAttention-2 kernels, with autograd.
 
@@ -120,9 +129,7 @@ def flash_attention(q, k, v, causal: bool = False, scale=None) -> torch.Tensor:
     """
     _check_kernel_inputs(q, k, v, causal, scale)
     kernel = load_kernels()
-    if q.device.type == "cuda" and kernel.INTERPRET:
-        raise ValueError("flash_attention: TRITON_INTERPRET=1 was set, so the kernels run in the "
-                         "interpreter, which needs CPU tensors; got cuda tensors")
+    _check_device(q, kernel)
     sm_scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return kernel.FlashAttention.apply(q, k, v, bool(causal), sm_scale)
 
@@ -131,6 +138,7 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale=None):
     """The forward kernel alone, no autograd: returns (out, logsumexp) like tiled_attention."""
     _check_kernel_inputs(q, k, v, causal, scale)
     kernel = load_kernels()
+    _check_device(q, kernel)
     sm_scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     lead, n_q, n_kv, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     with torch.no_grad():

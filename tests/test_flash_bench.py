@@ -1,0 +1,51 @@
+"""The benchmark command runs on a CPU, prints its table and writes a CSV (tiny sizes here)."""
+
+import csv
+import subprocess
+import sys
+
+import torch
+
+from course_lib.flash import bench
+from course_lib.flash.measure import best_time, peak_bytes
+
+
+def test_peak_bytes_sees_torch_allocations():
+    assert peak_bytes(lambda: torch.empty(2 ** 20)) >= 4 * 2 ** 20          # 4 MiB of float32
+    a = torch.ones(1000)
+    assert peak_bytes(lambda: a.add_(1)) < 4000                              # in place: nothing new
+
+
+def test_best_time_is_a_positive_number():
+    assert 0 < best_time(lambda: sum(range(1000)), repeats=2) < 1
+
+
+def test_run_cpu_rows_and_summary():
+    rows = bench.run_cpu(sizes=(64, 128), repeats=1, block_size=32, progress=False)
+    assert [r["n"] for r in rows] == [64] * 3 + [128] * 3
+    assert {r["method"] for r in rows} == {"naive", "tiled (block 32)", "torch SDPA"}
+    naive = {r["n"]: r["peak_mib"] for r in rows if r["method"] == "naive"}
+    assert naive[128] >= 2 * 128 * 128 * 4 / 2 ** 20                        # two n x n grids
+    assert all(r["time_ms"] > 0 for r in rows)
+    summary = bench.cpu_summary(rows)
+    assert "tiled time / SDPA time" in summary and "naive peak / tiled peak" in summary
+    table = bench.format_table(rows, bench.CPU_COLUMNS, markdown=True)
+    assert table.splitlines()[0] == "| n | method | time_ms | peak_mib | grid_mib |"
+
+
+def test_flop_count():
+    assert bench.attention_flops(1, 1, 1024, 64, False, "fwd") == 4 * 1024 ** 2 * 64
+    assert bench.attention_flops(2, 3, 1024, 64, True, "fwd") == 2 * 2 * 3 * 1024 ** 2 * 64
+    assert bench.attention_flops(1, 1, 1024, 64, False, "bwd") == 2.5 * 4 * 1024 ** 2 * 64
+
+
+def test_command_line_on_cpu_writes_csv(tmp_path):
+    out = tmp_path / "cpu.csv"
+    result = subprocess.run([sys.executable, "-m", "course_lib.flash.bench", "--device", "cpu",
+                             "--sizes", "64", "128", "--repeats", "1", "--no-progress",
+                             "--csv", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "torch SDPA" in result.stdout and "saved" in result.stdout
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6 and set(rows[0]) == {"n", "method", "time_ms", "peak_mib", "grid_mib"}
