@@ -223,15 +223,20 @@ class _Forbid:
         return True  # not below the checker at all (another thread): not the checker's own call
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            code = frame.f_code
-            name = self.codes.get(code) or self.keys.get(_code_key(code))
-            if name is not None and self._from_learner(frame.f_back):
-                self.hits.append(name)
-        elif event == "c_call" and id(arg) in self.builtins and self._from_learner(frame):
-            self.hits.append(self.builtins[id(arg)])
+        # Never raise here: Python would switch the hook off, which __exit__ reads as tampering.
+        try:
+            if event == "call":
+                code = frame.f_code
+                name = self.codes.get(code) or self.keys.get(_code_key(code))
+                if name is not None and self._from_learner(frame.f_back):
+                    self.hits.append(name)
+            elif event == "c_call" and id(arg) in self.builtins and self._from_learner(frame):
+                self.hits.append(self.builtins[id(arg)])
+        except Exception:  # noqa: BLE001
+            pass
         if self.previous_profile is not None:
-            self.previous_profile(frame, event, arg)
+            with contextlib.suppress(Exception):
+                self.previous_profile(frame, event, arg)
 
     def _arguments_are_reference(self) -> None:
         """The checker's own arguments (the learner's answer) must not BE the reference."""
