@@ -20,9 +20,10 @@
    checker's message as feedback. An answer that runs the course's own reference is flagged
    (the checkers' `forbid` raises `ReferenceCall`).
 
-Nothing a submission does reaches the grader's own process, the submission files, or the other
-submissions' scratch folders through relative paths. (Code that writes to absolute paths runs
-with the grader's permissions: grade untrusted work in a container or as an unprivileged user.)
+The grader's own process only reads the submissions, and a submission's code runs in its own
+scratch folder (deleted afterwards), so what it writes or deletes by relative path is its own
+copy. Code that goes after absolute paths runs with the grader's permissions, as it would in
+Jupyter: grade untrusted work in a container or as an unprivileged user.
 """
 
 from __future__ import annotations
@@ -822,6 +823,8 @@ async def _run_cells(spec: dict) -> dict:
 
 def _worker_main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    if sys.platform == "win32":  # pyzmq's asyncio sockets need a selector loop on Windows
+        asyncio.set_event_loop_policy(asyncio.WindowsSelectorEventLoopPolicy())
     result = asyncio.run(_run_cells(spec))
     sys.stdout.write("\n" + RESULT_MARK + json.dumps(result) + "\n")
     sys.stdout.flush()
