@@ -16,6 +16,7 @@ This module imports nothing from the rest of the course (attention imports masks
 
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import torch
@@ -26,11 +27,11 @@ def _check_count(value, name: str) -> int:
     if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point() \
             and value.dtype != torch.bool:
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # int, numpy integers
         raise ValueError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__})")
     if value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value}")
-    return value
+    return int(value)
 
 
 def causal_mask(n_queries: int, n_keys: int | None = None, device=None) -> torch.Tensor:
@@ -66,9 +67,9 @@ def padding_mask(lengths: Sequence[int] | torch.Tensor, n_keys: int) -> torch.Te
             items = list(lengths)
         except TypeError:
             raise ValueError(f"lengths must be a sequence of integers, got {type(lengths).__name__}") from None
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in items):
             raise ValueError(f"lengths must be a sequence of integers, got {items!r}")
-        t = torch.tensor(items, dtype=torch.long)
+        t = torch.tensor([int(x) for x in items], dtype=torch.long)
     if t.ndim != 1 or t.numel() == 0:
         raise ValueError(f"lengths must be one non-empty list of integers of shape (batch,), "
                          f"got shape {tuple(t.shape)}")

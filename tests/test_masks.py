@@ -54,6 +54,13 @@ def test_padding_mask_accepts_integer_tensor():
     assert torch.equal(padding_mask(torch.tensor([2, 1]), 3), padding_mask([2, 1], 3))
 
 
+def test_numpy_and_0d_tensor_integers_are_accepted():
+    import numpy as np
+
+    assert torch.equal(causal_mask(np.int64(3), torch.tensor(4)), causal_mask(3, 4))
+    assert torch.equal(padding_mask(np.array([2, 1]), np.int32(3)), padding_mask([2, 1], 3))
+
+
 def test_as_additive_is_zero_or_minus_inf():
     a = as_additive(causal_mask(3), torch.float64)
     assert a.dtype == torch.float64
