@@ -52,6 +52,11 @@ def online_softmax_stepper(scores=None, values=None, block_size: int = 3, step: 
     final_w = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
     final_out = final_w @ values
     n, n_tiles = len(scores), len(steps)
+    # fixed axes for every step, so moving the slider changes the bars, not the scale
+    w_top = 1.15 * max(final_w.max(), *(st["weights"].max() for st in steps))
+    outs = np.concatenate([final_out, *(st["out"] for st in steps), [0.0]])
+    span = max(outs.max() - outs.min(), 1e-6)
+    out_limits = (outs.min() - 0.1 * span, outs.max() + 0.55 * span)
 
     def draw(fig, step):
         st = steps[step - 1]
@@ -70,7 +75,7 @@ def online_softmax_stepper(scores=None, values=None, block_size: int = 3, step: 
         ax_w.bar(range(seen), st["weights"], color="tab:blue", label="exp(s_j − m) / l, so far")
         ax_w.step(range(n), final_w, where="mid", color="k", lw=1.2, label="final softmax")
         ax_w.set_xlim(-0.6, n - 0.4)
-        ax_w.set_ylim(0, max(final_w.max(), max(st["weights"])) * 1.15)
+        ax_w.set_ylim(0, w_top)
         ax_w.set_title(f"weights so far: l = {st['l']:.3f}")
         ax_w.set_xlabel("key position j")
         ax_w.set_ylabel("weight")
@@ -85,7 +90,8 @@ def online_softmax_stepper(scores=None, values=None, block_size: int = 3, step: 
         ax_o.set_xlabel("output component")
         ax_o.set_ylabel("value")
         ax_o.axhline(0, color="k", lw=0.5)
-        ax_o.legend(fontsize=8)
+        ax_o.set_ylim(*out_limits)
+        ax_o.legend(fontsize=8, loc="upper left", ncol=2)
         fig.suptitle(f"online softmax after {seen} of {n} keys (tiles of {block_size})", fontsize=11)
         fig.tight_layout()
 
