@@ -40,7 +40,8 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention: out = concat(head_1, ..., head_h) W_Oᵀ + b_O.
 
     forward(query, key=None, value=None, mask=None) -> (out, weights)
-      query (B, n_q, d); key, value (B, n_k, d), both default to query (self-attention);
+      query (B, n_q, d); key, value (B, n_k, d): key defaults to query (self-attention) and
+      value to key;
       mask: bool (True = may attend) or additive float, of shape (n_q, n_k), (B, n_q, n_k),
       (B, 1, n_k) (a padding mask) or (B, heads, n_q, n_k); size-1 dims broadcast.
       out (B, n_q, d); weights (B, heads, n_q, n_k).
@@ -68,6 +69,9 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, wanted (batch, n, d_model={self.d_model})")
             if not t.is_floating_point():
                 raise ValueError(f"{name} has dtype {t.dtype}, wanted a floating dtype")
+            if t.dtype != self.q_proj.weight.dtype:
+                raise ValueError(f"{name} has dtype {t.dtype} but this module's weights are "
+                                 f"{self.q_proj.weight.dtype}: convert one of them (e.g. module.to({t.dtype}))")
         if key.shape[:2] != value.shape[:2]:
             raise ValueError(f"key has shape {tuple(key.shape)} but value has {tuple(value.shape)}: "
                              "wanted one value per key, (batch, n_k, d_model) for both")

@@ -188,6 +188,8 @@ def test_bad_inputs():
         mha(torch.randn(2, 3, 8), torch.randn(1, 3, 8))
     with pytest.raises(ValueError, match="dtype"):
         mha(torch.ones(1, 3, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="query has dtype torch.float64 but this module's weights are torch.float32"):
+        mha(torch.ones(1, 3, 8, dtype=torch.float64))
 
 
 def test_load_torch_weights_rejects_mismatches():
