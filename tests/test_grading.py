@@ -29,7 +29,7 @@ from course_lib.exercises import student_version
 from course_lib.lookup import soft_lookup as aliased_reference
 
 REPO = Path(__file__).resolve().parent.parent
-TIMEOUT = 3          # seconds per cell for the fixture notebooks (their cells take milliseconds)
+TIMEOUT = 5          # seconds per cell for the fixture notebooks (their cells take milliseconds)
 MEMORY_MB = 1024     # cap for the fixture kernels (they do not import torch)
 
 
@@ -142,7 +142,7 @@ HOSTILE = {
         {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 0},
         {"fx_inc_test": "MemoryError"}),
     "output_flood.ipynb": (
-        submission(**dict(SOLVED, fx_double="for _ in range(40):\n    print('x' * 2**20)\n" + SOLVED["fx_double"])),
+        submission(**dict(SOLVED, fx_double="for _ in range(24):\n    print('x' * 2**20)\n" + SOLVED["fx_double"])),
         {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}, {}),
     "leaves_a_child_process.ipynb": (
         submission(**dict(SOLVED, fx_inc="import subprocess, sys\n"
