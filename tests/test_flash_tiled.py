@@ -118,3 +118,17 @@ def test_tiled_rejects_bad_options():
     for bad in (0.0, -1.0, math.nan, "0.1"):
         with pytest.raises(ValueError, match="scale must be a positive finite number"):
             tiled_attention(q, q, q, scale=bad)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_gradients_match_sdpa(causal):
+    """Plain torch all the way, so autograd differentiates it (the running max is a detached
+    shift, which the softmax does not depend on)."""
+    torch.manual_seed(9)
+    q, k, v = (torch.randn(2, 3, 70, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out, _ = tiled_attention(q, k, v, causal=causal, block_size=16)
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), dout)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-8)

@@ -7,9 +7,10 @@
     naive_attention(q, k, v, causal=False, scale=None) -> out
         the textbook version that builds the whole score grid, for comparison
 
-Triton is imported lazily, on the first call of `flash_attention`: without a CUDA GPU we set
-TRITON_INTERPRET=1 first (Triton reads it when a kernel is defined), so the same kernels run
-through Triton's interpreter on the CPU. Triton ships for Linux only; elsewhere
+Triton is imported lazily, on the first call of `flash_attention`. Without a CUDA GPU, importing
+this package sets TRITON_INTERPRET=1 (Triton reads it at its own first import, which other
+libraries may trigger early), so the same kernels run through Triton's interpreter on the CPU;
+the first kernel call says so in one line. Triton ships for Linux only; elsewhere
 `flash_attention` raises a clear error and everything else here still works.
 """
 
@@ -46,11 +47,6 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def use_interpreter() -> bool:
-    """Whether kernels will run through Triton's interpreter (no CUDA GPU, or asked for)."""
-    return not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def prepare_triton(quiet: bool = False, interpret: bool | None = None) -> bool:
     """Set TRITON_INTERPRET=1 when there is no CUDA GPU (or when `interpret=True`), before Triton
     defines any kernel: Triton reads it when a kernel is decorated.
@@ -66,7 +62,7 @@ def prepare_triton(quiet: bool = False, interpret: bool | None = None) -> bool:
         reason = "no CUDA GPU" if not torch.cuda.is_available() else "asked for"
         print(f"course_lib.flash: {reason}, running the Triton kernels through Triton's "
               "interpreter (TRITON_INTERPRET=1; slow, for small sizes).")
-    _NOTICE_SHOWN = _NOTICE_SHOWN or interpreting
+    _NOTICE_SHOWN = _NOTICE_SHOWN or (interpreting and not quiet)
     return interpreting
 
 

@@ -87,7 +87,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q_blk, k, v, start_m, lo, hi, block_size, dia
         if diagonal:  # only the diagonal block needs the causal mask
             cols = start_n + torch.arange(k_blk.shape[-2], device=q_blk.device)
             scores = scores.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
-        m_ij = torch.maximum(m_i, scores.amax(dim=-1))                           # new running max
+        # new running max; detached: a shift the softmax does not depend on (and it keeps the
+        # in-place exp below legal under autograd)
+        m_ij = torch.maximum(m_i, scores.detach().amax(dim=-1))
         p = scores.sub_(m_ij[..., None]).exp_()                                   # exp(s - m_new), in place
         alpha = torch.exp(m_i - m_ij)                                             # exp(m_old - m_new)
         l_i = l_i * alpha + p.sum(dim=-1)
