@@ -178,3 +178,9 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match=r"targets should have shape \(32, 6\); got \(32,\)"):
         train(Lookup(), lambda g: (copy_batch(g)[0], torch.zeros(32, dtype=torch.long)), steps=1,
               progress=False)
+
+
+def test_history_smoothed_is_a_running_mean():
+    h = History(loss=[4.0, 2.0, 0.0, 2.0], accuracy=[0.0, 1.0, 1.0, 0.0])
+    assert h.smoothed("loss", window=2) == [4.0, 3.0, 1.0, 1.0]
+    assert h.smoothed("accuracy", window=10) == [0.0, 0.5, 2 / 3, 0.5]
