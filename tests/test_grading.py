@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import csv
 import functools
 import importlib
 import io
@@ -353,7 +354,7 @@ def test_csv_and_table_formats():
                                              grading.ExerciseResult("ex2_test", 0, 3, "wrong, " * 40)],
                                  source="solutions/01_x.ipynb")
     bad = grading.SubmissionResult("b.ipynb", error="not a readable Jupyter notebook (x)")
-    rows = list(__import__("csv").reader(io.StringIO(grading.format_csv([r, bad]))))
+    rows = list(csv.reader(io.StringIO(grading.format_csv([r, bad]))))
     assert rows[0] == ["submission", "exercise", "score", "max_score", "feedback"]
     assert rows[1] == ["a.ipynb", "ex1_test", "2", "2", "passed"]
     assert rows[2][:4] == ["a.ipynb", "ex2_test", "0", "3"] and rows[2][4] == "wrong, " * 40
