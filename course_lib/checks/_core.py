@@ -95,7 +95,7 @@ def expect_close(got: Any, want: torch.Tensor, what: str, *, atol: float = 1e-5,
         err = (t - want).abs()
         err = err[torch.isfinite(err)] if err.is_floating_point() else err
         worst = float(err.max()) if err.numel() else math.nan
-        fail(f"{what} differs from the expected values (largest difference {worst:.3g})." +
+        fail(f"{what}: the result differs from the expected values (largest difference {worst:.3g})." +
              (f" {hint}" if hint else ""))
     return t
 
