@@ -106,7 +106,7 @@ def gradient_vs_distance(fn, x: torch.Tensor) -> torch.Tensor:
     out = fn(x)
     out = out[0] if isinstance(out, (tuple, list)) else out
     last = out[0, -1]  # (d_out,)
-    squared = torch.zeros(n, dtype=x.dtype)
+    squared = torch.zeros(n, dtype=x.dtype, device=x.device)
     for i in range(last.shape[0]):  # one backward pass per output coordinate
         (g,) = torch.autograd.grad(last[i], x, retain_graph=True)
         squared += g[0].pow(2).sum(-1)

@@ -100,7 +100,8 @@ def train(model: nn.Module, batch_fn: Callable[[torch.Generator], tuple[torch.Te
         raise ValueError(f"lr should be positive, got {lr!r}")
 
     torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)  # data is drawn on the CPU, then moved
+    device = next(model.parameters(), torch.empty(0)).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     history = History()
     model.train()
@@ -108,6 +109,7 @@ def train(model: nn.Module, batch_fn: Callable[[torch.Generator], tuple[torch.Te
         bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
         for step in bar:
             inputs, targets = batch_fn(generator)
+            inputs, targets = inputs.to(device), targets.to(device)
             logits = _logits(model(inputs))
             if logits.shape[:-1] != targets.shape:
                 raise ValueError(f"model output has shape {tuple(logits.shape)}, so targets should "
@@ -130,4 +132,5 @@ def train(model: nn.Module, batch_fn: Callable[[torch.Generator], tuple[torch.Te
 def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> float:
     """Accuracy of `model` on one fixed batch (eval mode, no gradients)."""
     model.eval()
-    return accuracy(_logits(model(inputs)), targets)
+    device = next(model.parameters(), torch.empty(0)).device
+    return accuracy(_logits(model(inputs.to(device))), targets.to(device))

@@ -74,7 +74,7 @@ class BracketTask:
         """(B, n): position of the open bracket enclosing each position, or -1 when outside."""
         n = tokens.shape[1]
         is_bracket = (tokens >= self.open) & (tokens < self.bos)
-        pos = torch.arange(n).expand_as(tokens)
+        pos = torch.arange(n, device=tokens.device).expand_as(tokens)
         last = torch.where(is_bracket, pos, torch.zeros_like(pos)).cummax(dim=1).values  # latest bracket
         inside = (tokens.gather(1, last) >= self.open) & (tokens.gather(1, last) < self.close)
         return torch.where(inside, last, torch.full_like(last, -1))
@@ -92,7 +92,7 @@ class BracketTask:
                              "weights (batch, heads, n, n) and tokens (batch, n)")
         prev = torch.diagonal(weights, offset=-1, dim1=-2, dim2=-1)  # (B, h, n-1): weight on i-1
         target = self.enclosing_open(tokens)  # (B, n)
-        inside = (target >= 0) & (target != torch.arange(tokens.shape[1]))  # not the bracket itself
+        inside = (target >= 0) & (target != torch.arange(tokens.shape[1], device=tokens.device))  # not the bracket itself
         index = target.clamp(min=0)[:, None, :, None].expand(-1, weights.shape[1], -1, 1)
         on_open = weights.gather(3, index)[..., 0]  # (B, h, n): weight on the enclosing bracket
         return {"previous": prev.mean(dim=(0, 2)), "bracket": on_open.transpose(0, 1)[:, inside].mean(-1)}
@@ -119,8 +119,8 @@ class HeadsModel(nn.Module):
         if tokens.dim() != 2 or tokens.shape[1] > self.max_len:
             raise ValueError(f"tokens has shape {tuple(tokens.shape)}, wanted (batch, n <= {self.max_len})")
         n = tokens.shape[1]
-        x = self.tok(tokens) + self.pos(torch.arange(n))  # (B, n, d)
-        attended, weights = self.attn(x, mask=causal_mask(n))  # (B, n, d), (B, h, n, n)
+        x = self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device))  # (B, n, d)
+        attended, weights = self.attn(x, mask=causal_mask(n, device=tokens.device))  # (B, n, d), (B, h, n, n)
         return self.readout(self.norm(x + attended)), weights  # (B, n, classes), (B, h, n, n)
 
 
@@ -202,8 +202,9 @@ class AttentionRecallModel(nn.Module):
         if tokens.dim() != 2 or tokens.shape[1] > self.max_len:
             raise ValueError(f"tokens has shape {tuple(tokens.shape)}, wanted (batch, n <= {self.max_len})")
         n = tokens.shape[1]
-        x = self.tok(tokens) + self.pos(torch.arange(n))  # (B, n, d)
-        attended, weights = self.attn(x, mask=causal_mask(n))  # causal: look back, never ahead  # (B, n, d), (B, h, n, n)
+        x = self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device))  # (B, n, d)
+        # causal: look back, never ahead
+        attended, weights = self.attn(x, mask=causal_mask(n, device=tokens.device))  # (B, n, d), (B, h, n, n)
         return self.readout(self.norm(x + attended)), weights
 
 
