@@ -74,6 +74,15 @@ def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
     return float((logits.argmax(-1)[keep] == targets[keep]).float().mean())
 
 
+def _to(x, device):
+    # Inputs may be a tensor or a (nested) tuple/list of tensors; move every tensor, keep the rest.
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(item, device) for item in x)
+    return x
+
+
 def _logits(output):
     # Models here return logits, or (logits, extras) such as attention weights.
     return output[0] if isinstance(output, (tuple, list)) else output
@@ -109,7 +118,7 @@ def train(model: nn.Module, batch_fn: Callable[[torch.Generator], tuple[torch.Te
         bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
         for step in bar:
             inputs, targets = batch_fn(generator)
-            inputs, targets = inputs.to(device), targets.to(device)
+            inputs, targets = _to(inputs, device), _to(targets, device)
             logits = _logits(model(inputs))
             if logits.shape[:-1] != targets.shape:
                 raise ValueError(f"model output has shape {tuple(logits.shape)}, so targets should "
@@ -133,4 +142,4 @@ def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> f
     """Accuracy of `model` on one fixed batch (eval mode, no gradients)."""
     model.eval()
     device = next(model.parameters(), torch.empty(0)).device
-    return accuracy(_logits(model(inputs.to(device))), targets.to(device))
+    return accuracy(_logits(model(_to(inputs, device))), _to(targets, device))

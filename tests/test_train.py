@@ -184,3 +184,28 @@ def test_history_smoothed_is_a_running_mean():
     h = History(loss=[4.0, 2.0, 0.0, 2.0], accuracy=[0.0, 1.0, 1.0, 0.0])
     assert h.smoothed("loss", window=2) == [4.0, 3.0, 1.0, 1.0]
     assert h.smoothed("accuracy", window=10) == [0.0, 0.5, 2 / 3, 0.5]
+
+
+class PairInput(nn.Module):
+    """Takes its inputs as a tuple of two tensors (as chapter 02's score model does)."""
+
+    def __init__(self, vocab=5):
+        super().__init__()
+        self.a, self.b = nn.Embedding(vocab, 8), nn.Embedding(vocab, 8)
+        self.out = nn.Linear(8, vocab)
+
+    def forward(self, inputs):
+        x, y = inputs
+        return self.out(self.a(x) + self.b(y))
+
+
+def test_inputs_may_be_a_tuple_of_tensors():
+    def batch(g):
+        x, y = copy_batch(g)
+        return (x, torch.zeros_like(x)), y
+    torch.manual_seed(0)
+    model = PairInput()
+    history = train(model, batch, steps=40, lr=3e-2, seed=0, progress=False)
+    assert history.loss[-1] < 0.3 * history.loss[0]
+    (x, z), y = batch(torch.Generator().manual_seed(1))
+    assert evaluate(model, (x, z), y) == 1.0
