@@ -168,8 +168,10 @@ def _lab_server(tmp_path: Path):
     env.update(JUPYTER_CONFIG_DIR=str(config_dir), JUPYTER_DATA_DIR=str(data_dir),
                JUPYTER_RUNTIME_DIR=str(runtime_dir), IPYTHONDIR=str(jupyter / "ipython"),
                JUPYTER_PLATFORM_DIRS="0", PYTHONUNBUFFERED="1")
-    # The kernel: the "python3" spec this environment registers; Jupyter runs a spec whose argv
-    # starts with "python" under the server's own interpreter, i.e. this environment's python.
+    # The kernel: the "python3" spec this environment registers (in .venv/share/jupyter, found
+    # through sys.prefix even with JUPYTER_DATA_DIR isolated); its argv names .venv's python, or
+    # plain "python", which Jupyter runs under the server's own interpreter: this environment's.
+    # The test checks the running kernel's command line.
     command = [
         sys.executable, "-m", "jupyterlab", "--no-browser",
         "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", "--ServerApp.port_retries=0",

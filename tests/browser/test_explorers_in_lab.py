@@ -307,8 +307,9 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
     problems = problems_in(report)
     assert not problems, "\n".join(problems) + context()
     kernels = lab.kernel_commands()
-    assert kernels and all(cmd[0] == sys.executable for cmd in kernels), (
-        f"the notebook ran in {kernels}, not in this environment's python ({sys.executable})")
+    env_bin = Path(sys.executable).absolute().parent  # .venv/bin: python, python3, ... live here
+    assert kernels and all(Path(cmd[0]).absolute().parent == env_bin for cmd in kernels), (
+        f"the notebook ran in {kernels}, not in this environment's python ({env_bin})")
     print(f"\n{source.name}: " + "; ".join(timings + moves))
 
 
