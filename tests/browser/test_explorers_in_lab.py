@@ -5,7 +5,8 @@ Each lecture notebook that shows an explorer is copied (outputs cleared, the com
 never touched) into a fresh lab of its own (see conftest.py). Screenshots land in
 tests/browser/screenshots/ (git-ignored). Needs /usr/bin/chromium; skips without it.
 
-    .venv/bin/pytest tests/browser
+    .venv/bin/pytest tests/browser            # every lecture that shows an explorer
+    .venv/bin/pytest tests/browser -k 01      # one chapter; add -s for per-phase times
 """
 
 from __future__ import annotations
