@@ -27,10 +27,10 @@ def soft_lookup_explorer(query, keys, values, names, temperature: float = 1.0) -
         ax.set_ylabel("weight")
         ax.set_xlabel("stored key")
         ax.set_title(f"temperature {temperature:.3g}: blended value = {value:.2f}")
-        ax.axhline(1 / len(names), color="grey", lw=0.8, ls="--")
-        ax.text(-0.45, 1 / len(names) + 0.02, "uniform (1/n)", ha="left", color="grey", fontsize=8)
+        ax.axhline(1 / len(names), color="grey", lw=0.8, ls="--", label="uniform, 1/n")
+        ax.legend(loc="upper right", fontsize=8)
 
     slider = widgets.FloatLogSlider(value=temperature, base=10, min=-2, max=2, step=0.05,
                                     description="temperature", readout_format=".3g",
-                                    continuous_update=True)
+                                    continuous_update=True, style={"description_width": "initial"})
     return Explorer(draw, {"temperature": slider}, figsize=(6.5, 3.2))
