@@ -182,30 +182,16 @@ class RecurrentModel(nn.Module):
         return 2 * d if self.kind == "lstm" else d
 
 
-class AttentionRecallModel(nn.Module):
-    """token + position embeddings -> one causal MultiHeadAttention layer -> logits.
+class AttentionRecallModel(HeadsModel):
+    """Chapter 06's attention side of the recall race: the same one-layer model as chapter 05's
+    HeadsModel, with one head and room for 64 tokens by default.
 
     forward(tokens (B, n)) -> (logits (B, n, num_classes), weights (B, heads, n, n)).
     """
 
     def __init__(self, vocab_size: int, num_classes: int, d_model: int = 32, num_heads: int = 1,
                  max_len: int = 64):
-        super().__init__()
-        self.max_len = max_len
-        self.tok = nn.Embedding(vocab_size, d_model)
-        self.pos = nn.Embedding(max_len, d_model)
-        self.attn = MultiHeadAttention(d_model, num_heads)
-        self.norm = nn.LayerNorm(d_model)
-        self.readout = nn.Linear(d_model, num_classes)
-
-    def forward(self, tokens: torch.Tensor):
-        if tokens.dim() != 2 or tokens.shape[1] > self.max_len:
-            raise ValueError(f"tokens has shape {tuple(tokens.shape)}, wanted (batch, n <= {self.max_len})")
-        n = tokens.shape[1]
-        x = self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device))  # (B, n, d)
-        # causal: look back, never ahead
-        attended, weights = self.attn(x, mask=causal_mask(n, device=tokens.device))  # (B, n, d), (B, h, n, n)
-        return self.readout(self.norm(x + attended)), weights
+        super().__init__(vocab_size, num_classes, d_model=d_model, num_heads=num_heads, max_len=max_len)
 
 
 @torch.no_grad()
