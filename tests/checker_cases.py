@@ -1,4 +1,5 @@
-"""Wrong answers every chapter's checkers must survive, shared by tests/test_checks_chNN.py."""
+"""Wrong answers every chapter's checkers must survive: built here, listed in each
+tests/test_checks_chNN.py, run by tests/test_checks_generic.py."""
 
 import pytest
 

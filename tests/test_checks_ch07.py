@@ -5,11 +5,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from checker_cases import generic_wrong_answers
 
 from course_lib.checks import CheckFailure
 from course_lib.checks import ch07 as check
-
-from checker_cases import assert_feedback, generic_wrong_answers
 
 
 def sinusoidal_ok(n, d):
@@ -57,23 +56,20 @@ def bytes_ok(num_layers, num_heads, n, d_head, bytes_per_element, batch=1):
     return 2 * num_layers * batch * num_heads * n * d_head * bytes_per_element
 
 
-CORRECT = {
-    check.sinusoidal_positions: sinusoidal_ok,
-    check.apply_rope: rope_ok,
-    check.cached_attention_step: step_ok,
-    check.kv_cache_bytes: bytes_ok,
-}
+# Right answers (the reference, then other forms a learner may write); each must pass.
+CORRECT = [
+    (check.sinusoidal_positions, sinusoidal_ok),
+    (check.apply_rope, rope_ok),
+    (check.cached_attention_step, step_ok),
+    (check.kv_cache_bytes, bytes_ok),
+]
 
+# Wrong answers every checker of this chapter must survive, with the words the feedback
+# must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
     *generic_wrong_answers('use pe[:, 0::2]'),
     (lambda *a: [float("nan")], "NaN|shape|returned nan|triple"),
 ]
-
-
-@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
-def test_correct_answers_pass(checker, capsys):
-    checker(CORRECT[checker])
-    assert capsys.readouterr().out.startswith("✔")
 
 
 def test_other_correct_forms_pass(capsys):
@@ -89,12 +85,6 @@ def test_other_correct_forms_pass(capsys):
 
     check.cached_attention_step(step_with_course_sdpa)
     assert capsys.readouterr().out.count("✔") == 5
-
-
-@pytest.mark.parametrize("checker", list(CORRECT), ids=lambda c: c.__name__)
-@pytest.mark.parametrize("wrong,words", GENERIC_WRONG, ids=[w for _, w in GENERIC_WRONG])
-def test_generic_wrong_answers_give_feedback(checker, wrong, words):
-    assert_feedback(checker, wrong, words)
 
 
 @pytest.mark.parametrize("wrong,words", [

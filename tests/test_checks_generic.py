@@ -1,0 +1,37 @@
+"""Every chapter's checkers pass its right answers and turn every generic wrong answer (None, a
+number, a blank exercise, a crash, no return, text) into feedback instead of crashing.
+
+The lists live beside each chapter's own cases, as CORRECT and GENERIC_WRONG in
+tests/test_checks_chNN.py; this one module runs them all.
+"""
+
+import importlib
+
+import pytest
+from checker_cases import assert_feedback
+
+CHAPTERS = {f"ch{n:02d}": importlib.import_module(f"test_checks_ch{n:02d}") for n in range(1, 9)}
+
+RIGHT = [
+    pytest.param(checker, answer, id=f"{chapter}-{checker.__name__}-{i}")
+    for chapter, cases in CHAPTERS.items()
+    for i, (checker, answer) in enumerate(cases.CORRECT)
+]
+
+WRONG = [
+    pytest.param(checker, wrong, words, id=f"{chapter}-{checker.__name__}-{words}")
+    for chapter, cases in CHAPTERS.items()
+    for checker in dict.fromkeys(checker for checker, _ in cases.CORRECT)
+    for wrong, words in cases.GENERIC_WRONG
+]
+
+
+@pytest.mark.parametrize("checker, answer", RIGHT)
+def test_right_answers_pass(checker, answer, capsys):
+    checker(answer)
+    assert capsys.readouterr().out.startswith("✔")
+
+
+@pytest.mark.parametrize("checker, wrong, words", WRONG)
+def test_generic_wrong_answers_give_feedback(checker, wrong, words):
+    assert_feedback(checker, wrong, words)
