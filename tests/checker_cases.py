@@ -26,7 +26,8 @@ def generic_wrong_answers(hint: str) -> list:
         (not_implemented(hint), f"not written yet. Hint: {hint}"),
         (explodes, "raised KeyError"),
         (lambda *a: None, "forget to `return`|should return a pair|None"),
-        (lambda *a: "text", "should be a tensor|should return a pair|should return a triple|could not be read"),
+        (lambda *a: "text",
+         "should be a tensor|should return a pair|should return a triple|could not be read"),
     ]
 
 

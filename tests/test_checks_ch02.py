@@ -31,7 +31,8 @@ CORRECT = [
     (check.attention_scores, scores_ok),
     (check.softmax_rows, softmax_ok),
     (check.self_attention, attention_ok),
-    (check.attention_scores, lambda q, k: (q.numpy() @ np.swapaxes(k.numpy(), -1, -2)) / np.sqrt(q.shape[-1])),
+    (check.attention_scores,
+     lambda q, k: (q.numpy() @ np.swapaxes(k.numpy(), -1, -2)) / np.sqrt(q.shape[-1])),
 ]
 
 # Wrong answers every checker of this chapter must survive, with the words the feedback
@@ -58,7 +59,8 @@ def test_wrong_scores(wrong, words):
 @pytest.mark.parametrize("wrong,words", [
     (lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True), "overflows"),
     (lambda s: torch.exp(s - s.amax(-1, keepdim=True)), "not 1"),
-    (lambda s: torch.exp(s - s.amax()) / torch.exp(s - s.amax()).sum(-2, keepdim=True), "columns sum to 1"),
+    (lambda s: torch.exp(s - s.amax()) / torch.exp(s - s.amax()).sum(-2, keepdim=True),
+     "columns sum to 1"),
     (lambda s: torch.softmax(s, dim=-1), "calls the course's own"),
     (lambda s: s.softmax(-1), "calls the course's own"),
     (lambda s: torch.nn.functional.softmax(s, -1), "calls the course's own"),
@@ -76,10 +78,13 @@ def test_course_softmax_is_refused():
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda x, wq, wk, wv: softmax_ok((x @ wq) @ (x @ wk).transpose(-2, -1)) @ (x @ wv), "should return a pair"),
-    (lambda x, wq, wk, wv: (None, softmax_ok((x @ wq) @ (x @ wk).transpose(-2, -1))), "without the 1/sqrt"),
+    (lambda x, wq, wk, wv: softmax_ok((x @ wq) @ (x @ wk).transpose(-2, -1)) @ (x @ wv),
+     "should return a pair"),
+    (lambda x, wq, wk, wv: (None, softmax_ok((x @ wq) @ (x @ wk).transpose(-2, -1))),
+     "without the 1/sqrt"),
     (lambda x, wq, wk, wv: (None, attention_ok(x, wq, wk, wv)[1].transpose(-2, -1)), "transposed"),
-    (lambda x, wq, wk, wv: (attention_ok(x, wq, wk, wv)[1] @ x, attention_ok(x, wq, wk, wv)[1]), "the output"),
+    (lambda x, wq, wk, wv: (attention_ok(x, wq, wk, wv)[1] @ x, attention_ok(x, wq, wk, wv)[1]),
+     "the output"),
     (lambda x, wq, wk, wv: (1, 2, 3), "length 3"),
 ])
 def test_wrong_self_attention(wrong, words):

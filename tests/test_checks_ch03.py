@@ -40,7 +40,9 @@ CORRECT = [
     (check.score_variance, variance_ok),
     (check.entropy, entropy_ok),
     (check.softmax_jacobian, jacobian_ok),
-    (check.entropy, lambda w: -(np.where(w.numpy() > 0, w.numpy() * np.log(np.where(w.numpy() > 0, w.numpy(), 1)), 0)).sum(-1)),
+    (check.entropy, lambda w: -np.where(w.numpy() > 0,
+                                        w.numpy() * np.log(np.where(w.numpy() > 0, w.numpy(), 1)),
+                                        0).sum(-1)),
     (check.predicted_variance, lambda d, s: np.float32(1 if s else d)),
 ]
 
@@ -64,10 +66,14 @@ def test_wrong_prediction(wrong, words):
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda d, scaled=False, n=20000, seed=0: predicted_ok(d, scaled), "same number for seed=0 and seed=1"),
-    (lambda d, scaled=False, n=20000, seed=0: math.sqrt(variance_ok(d, scaled, n, seed)), "standard deviation"),
-    (lambda d, scaled=False, n=20000, seed=0: variance_ok(d, False, n, seed), "with scaled=True divide"),
-    (lambda d, scaled=False, n=20000, seed=0: variance_ok(d, True, n, seed), "with scaled=False do not"),
+    (lambda d, scaled=False, n=20000, seed=0: predicted_ok(d, scaled),
+     "same number for seed=0 and seed=1"),
+    (lambda d, scaled=False, n=20000, seed=0: math.sqrt(variance_ok(d, scaled, n, seed)),
+     "standard deviation"),
+    (lambda d, scaled=False, n=20000, seed=0: variance_ok(d, False, n, seed),
+     "with scaled=True divide"),
+    (lambda d, scaled=False, n=20000, seed=0: variance_ok(d, True, n, seed),
+     "with scaled=False do not"),
     (lambda d, scaled=False, n=20000, seed=0: 3 * variance_ok(d, scaled, n, seed), "within 12%"),
 ])
 def test_wrong_measurement(wrong, words):
@@ -91,7 +97,8 @@ def test_wrong_entropy(wrong, words):
     (lambda s: -torch.outer(torch.softmax(s, -1), torch.softmax(s, -1)), "only the -p_i p_j"),
     (lambda s: torch.diag(torch.softmax(s, -1)), "only the diagonal"),
     (lambda s: jacobian_ok(s).diagonal(), "shape"),
-    (lambda s: torch.autograd.functional.jacobian(lambda x: torch.softmax(x, -1), s), "calls the course's own"),
+    (lambda s: torch.autograd.functional.jacobian(lambda x: torch.softmax(x, -1), s),
+     "calls the course's own"),
     (lambda s: jacobian_ok(s).T * 2, "differs"),
 ])
 def test_wrong_jacobian(wrong, words):

@@ -74,7 +74,8 @@ def test_course_masks_are_refused():
     (lambda lengths, n: padding_ok(lengths, n)[:, 0, :], "add the middle axis"),
     (lambda lengths, n: ~padding_ok(lengths, n), "True on the padding"),
     (lambda lengths, n: padding_ok(lengths, n).float(), "return a boolean tensor"),
-    (lambda lengths, n: (torch.arange(n)[None, :] <= torch.tensor(lengths)[:, None])[:, None, :], "wrong keys"),
+    (lambda lengths, n: (torch.arange(n)[None, :] <= torch.tensor(lengths)[:, None])[:, None, :],
+     "wrong keys"),
 ])
 def test_wrong_padding(wrong, words):
     with pytest.raises(CheckFailure, match=words):
@@ -83,7 +84,8 @@ def test_wrong_padding(wrong, words):
 
 @pytest.mark.parametrize("wrong,words", [
     (lambda m: (~m).float() * float("-inf"), "NaN"),
-    (lambda m: torch.zeros(m.shape).masked_fill(m, float("-inf")), "0 where the boolean mask is False"),
+    (lambda m: torch.zeros(m.shape).masked_fill(m, float("-inf")),
+     "0 where the boolean mask is False"),
     (lambda m: torch.zeros(m.shape).masked_fill(~m, -1e9), "not -inf"),
     (lambda m: m.long(), "dtype"),
     (lambda m: additive_ok(m)[..., :-1], "shape"),

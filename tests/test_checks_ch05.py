@@ -23,7 +23,8 @@ def merge_ok(x):
 
 
 def mha_ok(x, w_q, w_k, w_v, w_o, h, mask=None):
-    heads, w = scaled_dot_product_attention(split_ok(x @ w_q, h), split_ok(x @ w_k, h), split_ok(x @ w_v, h), mask=mask)
+    q, k, v = split_ok(x @ w_q, h), split_ok(x @ w_k, h), split_ok(x @ w_v, h)
+    heads, w = scaled_dot_product_attention(q, k, v, mask=mask)
     return merge_ok(heads) @ w_o, w
 
 
@@ -126,7 +127,8 @@ def test_multi_head_attention_by_torch_module_is_refused():
     (lambda w: prev_ok(w).mean(), "one number"),
     (lambda w: torch.diagonal(w, dim1=-2, dim2=-1).mean(dim=(0, 2)), "diagonal"),
     (lambda w: torch.cat([torch.zeros(*w.shape[:2], 1, dtype=w.dtype),
-                          torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)], -1).mean(dim=(0, 2)), "n - 1 queries"),
+                          torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)], -1).mean(dim=(0, 2)),
+     "n - 1 queries"),
     (lambda w: torch.diagonal(w, offset=1, dim1=-2, dim2=-1).mean(dim=(0, 2)), "differs"),
     (lambda w: np.full(w.shape[1], np.nan), "NaN"),
 ])

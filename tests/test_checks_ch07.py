@@ -41,7 +41,8 @@ def rope_complex(x, positions):
     d = x.shape[-1]
     theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
-    z = z * torch.polar(torch.ones(len(positions), d // 2, dtype=torch.float64), positions[:, None] * theta)
+    ones = torch.ones(len(positions), d // 2, dtype=torch.float64)
+    z = z * torch.polar(ones, positions[:, None] * theta)
     return torch.view_as_real(z).flatten(-2)
 
 
@@ -90,7 +91,8 @@ def test_other_correct_forms_pass(capsys):
 @pytest.mark.parametrize("wrong,words", [
     (lambda n, d: sinusoidal_ok(n, d).T, r"expected \(n, d\)"),
     (lambda n, d: sinusoidal_ok(n, d)[:, [c ^ 1 for c in range(d)]], "swapped"),
-    (lambda n, d: torch.cat([sinusoidal_ok(n, d)[:, 0::2], sinusoidal_ok(n, d)[:, 1::2]], 1), "INTERLEAVES"),
+    (lambda n, d: torch.cat([sinusoidal_ok(n, d)[:, 0::2], sinusoidal_ok(n, d)[:, 1::2]], 1),
+     "INTERLEAVES"),
     (lambda n, d: _sinusoidal_wrong_frequency(n, d), "pair i is 10000"),
     (lambda n, d: sinusoidal_ok(n, d) * 2, "differs from the expected"),
     (lambda n, d: sinusoidal_ok(n, d)[:, :-1], "shape"),
@@ -150,9 +152,12 @@ def _step_no_scale(q, k, v, kc, vc):
     (lambda q, k, v, kc, vc: (step_ok(q, k, v, kc, vc)[0], k, v), "only the new key"),
     (lambda q, k, v, kc, vc: (v, *step_ok(q, k, v, kc, vc)[1:]), "just the new value"),
     (_step_no_scale, "scaling"),
-    (lambda q, k, v, kc, vc: (step_ok(q, k, v, kc, vc)[0], torch.cat([k, kc], -2), torch.cat([v, vc], -2)),
+    (lambda q, k, v, kc, vc: (step_ok(q, k, v, kc, vc)[0],
+                              torch.cat([k, kc], -2), torch.cat([v, vc], -2)),
      "Old keys first"),
-    (lambda q, k, v, kc, vc: (step_ok(q, k, v, kc, vc)[0][..., 0, :], *step_ok(q, k, v, kc, vc)[1:]), "shape"),
+    (lambda q, k, v, kc, vc: (step_ok(q, k, v, kc, vc)[0][..., 0, :],
+                              *step_ok(q, k, v, kc, vc)[1:]),
+     "shape"),
 ])
 def test_wrong_cached_step(wrong, words):
     with pytest.raises(CheckFailure, match=words):

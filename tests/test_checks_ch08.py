@@ -85,7 +85,8 @@ GENERIC_WRONG = [
 @pytest.mark.parametrize("wrong, words", [
     (update_no_rescale, "without rescaling"),
     (update_unstable, "overflows"),
-    (lambda m, l, s: (s.amax(dim=1), l + torch.exp(s - s.amax(dim=1, keepdim=True)).sum(1)), "m_new"),
+    (lambda m, l, s: (s.amax(dim=1), l + torch.exp(s - s.amax(dim=1, keepdim=True)).sum(1)),
+     "m_new"),
     (lambda m, l, s: (torch.maximum(m, s.amax(0)[:m.shape[0]]), l), "m_new"),
     (lambda m, l, s: update_ok(m, l, s)[0], "should return a pair"),
     (lambda m, l, s: (update_ok(m, l, s)[0], torch.full_like(l, math.nan)), "NaN"),
@@ -157,7 +158,8 @@ def tl_steps():
                     "check needs it imported in interpreter mode")
     namespace = {"triton": triton, "tl": tl}   # Triton looks `tl` up in the function's globals
     exec(STEPS, namespace)
-    return {name: namespace[f"step_{name}"] for name in ("ok", "no_rescale", "unstable", "blank", "pair")}
+    names = ("ok", "no_rescale", "unstable", "blank", "pair")
+    return {name: namespace[f"step_{name}"] for name in names}
 
 
 @needs_triton
@@ -179,7 +181,8 @@ def test_triton_step_wrong_answers(tl_steps, name, words):
 
 
 @needs_triton
-@pytest.mark.parametrize("wrong, words", [(None, "is None"), (update_ok, "decorate it with @triton.jit")])
+@pytest.mark.parametrize("wrong, words", [(None, "is None"),
+                                          (update_ok, "decorate it with @triton.jit")])
 def test_triton_step_not_a_kernel_function(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.triton_inner_step(wrong)
