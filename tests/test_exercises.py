@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from course_lib.exercises import (BEGIN_SOLUTION, ExerciseFormatError, build, graded_cells, hints,
+from course_tools.exercises import (BEGIN_SOLUTION, ExerciseFormatError, build, graded_cells, hints,
                                   strip_solution, student_version)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,10 +23,11 @@ import numpy as np
 import pytest
 
 import course_lib.lookup as lookup
-from course_lib import cli, grading
+from course_tools import cli
+from course_tools import grader as grading
 from course_lib.checks import _core, ch01
 from course_lib.checks._core import CheckFailure, ReferenceCall, forbid
-from course_lib.exercises import student_version
+from course_tools.exercises import student_version
 from course_lib.lookup import soft_lookup as aliased_reference
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.cli import build_parser, main
-from course_lib.notebooks import WIDGET_VIEW, execute_in_place
+from course_tools.cli import build_parser, main
+from course_tools.notebooks import WIDGET_VIEW, execute_in_place
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKERS = {"NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION", "NBVAL_CHECK_OUTPUT"}
@@ -17,7 +17,7 @@ COMMITTED = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solut
 
 
 def test_course_help_lists_its_commands():
-    out = subprocess.run([sys.executable, "-m", "course_lib.cli", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "course_tools.cli", "--help"], capture_output=True, text=True,
                          check=True).stdout
     for command in ("build-exercises", "execute", "env", "check", "grade"):
         assert command in out

@@ -54,7 +54,7 @@ if __name__ == "__main__":
 
 import nbformat
 
-from course_lib.exercises import BEGIN_SOLUTION, HINT, strip_solution
+from course_tools.exercises import BEGIN_SOLUTION, HINT, strip_solution
 
 GRACE_S = 10           # after interrupting a timed-out cell, wait at most this long before killing the kernel
 MAX_RESTARTS = 3       # kernel restarts per submission before the remaining cells are skipped
@@ -461,7 +461,7 @@ def _run_in_worker(name: str, data: bytes, plan: Plan, *, timeout: float, memory
     (control / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
     # Enough for every cell to time out, plus restarts and replays.
     deadline = STARTUP_S * (MAX_RESTARTS + 2) + (timeout + GRACE_S) * (n + 2) * 2
-    cmd = [sys.executable, "-m", "course_lib.grading", "--worker", str(control / "spec.json")]
+    cmd = [sys.executable, "-m", "course_tools.grader.worker", "--worker", str(control / "spec.json")]
     error = None
     statuses: list[dict] = []
     try:

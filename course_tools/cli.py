@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def cmd_build_exercises(args: argparse.Namespace) -> int:
-    from course_lib.exercises import build
+    from course_tools.exercises import build
 
     result = build(args.solutions, args.exercises, check=args.check)
     if args.check:
@@ -30,7 +30,7 @@ def cmd_build_exercises(args: argparse.Namespace) -> int:
 
 
 def cmd_execute(args: argparse.Namespace) -> int:
-    from course_lib.notebooks import execute_in_place
+    from course_tools.notebooks import execute_in_place
 
     paths: list[Path] = []
     for p in args.paths:
@@ -51,13 +51,13 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    from course_lib import grading
+    from course_tools import grader as grading
 
     return grading.main_grade(args)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from course_lib import grading
+    from course_tools import grader as grading
 
     return grading.main_check(args)
 
