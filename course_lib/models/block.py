@@ -1,0 +1,121 @@
+"""Chapter 10: one transformer block, built from the pieces of chapters 02-09.
+
+    x = x + attn(ln1(x), mask)      every token gathers from the others (chapter 05's heads)
+    x = x + mlp(ln2(x))             each token alone: Linear, GELU, Linear
+
+Pre-LayerNorm ("norm first"): each sub-layer reads a normalised copy of the residual stream and
+ADDS its answer back, so the stream itself is never overwritten; a later block sees the token
+plus everything every earlier block added. That is what lets a layer-2 query ask a question
+about what layer 1 found. Parameter names follow `torch.nn.TransformerEncoderLayer`'s roles, so
+`load_torch_weights` copies one (norm_first=True, batch_first=True, activation="gelu") here.
+
+The same block, given `positions` (rotary embeddings of chapter 07) and a `cache` (chapter 07's
+KV cache), is what `course_lib.models.TinyTransformer` stacks.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+import torch
+from torch import nn
+
+from course_lib.attention import scaled_dot_product_attention
+from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
+from course_lib.position import apply_rope
+
+
+def _check_int(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} should be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
+
+    TransformerBlock(d_model, num_heads, d_mlp, num_kv_heads=None)
+      forward(x, mask=None) -> (batch, n, d_model); x (batch, n, d_model); mask bool, True = may
+      attend, any shape `MultiHeadAttention` accepts ((n, n) for a causal mask).
+    After each forward, `self.weights` holds the attention weights (batch, heads, n_q, n_k),
+    detached, so a notebook can draw what the block looked at.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_mlp: int, num_kv_heads: int | None = None):
+        super().__init__()
+        d_model, num_heads = _check_int(d_model, "d_model"), _check_int(num_heads, "num_heads")
+        d_mlp = _check_int(d_mlp, "d_mlp")
+        if num_kv_heads is not None and num_kv_heads != num_heads:
+            raise ValueError(f"num_kv_heads={num_kv_heads!r}: grouped K/V heads need chapter 09's "
+                             "MultiHeadAttention(num_kv_heads=...)")
+        self.d_model, self.num_heads, self.d_mlp = d_model, num_heads, d_mlp
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, num_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_mlp), nn.GELU(), nn.Linear(d_mlp, d_model))
+        self.weights: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *,
+                positions: torch.Tensor | None = None, cache=None, layer: int = 0) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x has shape {tuple(getattr(x, 'shape', ()))}, "
+                             f"wanted (batch, n, d_model={self.d_model})")
+        attended, weights = self.attend(self.ln1(x), mask, positions, cache, layer)
+        self.weights = weights.detach()
+        x = x + attended                   # (B, n, d): the stream keeps x, adds what was gathered
+        return x + self.mlp(self.ln2(x))   # (B, n, d): each token on its own, through the MLP
+
+    def attend(self, h: torch.Tensor, mask, positions=None, cache=None, layer: int = 0):
+        """Self-attention of the normalised stream h (B, t, d) -> (out (B, t, d), weights).
+
+        Without positions or a cache this IS chapter 05's `MultiHeadAttention`. With them, the
+        same projections run step by step so that rotary positions (chapter 07) turn q and k
+        before the scores, and a KV cache (chapter 07) can append the new keys and values.
+        positions: (B, t) integer positions; mask then has shape (B, 1, t, S) for S keys.
+        """
+        if positions is None and cache is None:
+            return self.attn(h, mask=mask)
+        attn = self.attn
+        q = split_heads(attn.q_proj(h), attn.num_heads)  # (B, heads, t, d_head)
+        k = split_heads(attn.k_proj(h), attn.num_heads)  # (B, heads, t, d_head)
+        v = split_heads(attn.v_proj(h), attn.num_heads)  # (B, heads, t, d_head)
+        if positions is not None:
+            q = apply_rope(q, positions[:, None, :])  # each sequence's own positions, every head
+            k = apply_rope(k, positions[:, None, :])  # keys are cached already rotated
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # (B, heads, S, d_head): the past and the new tokens
+        out, weights = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, heads, t, d_head)
+        return attn.out_proj(merge_heads(out)), weights  # (B, t, d), (B, heads, t, S)
+
+    @torch.no_grad()
+    def load_torch_weights(self, layer: nn.TransformerEncoderLayer) -> TransformerBlock:
+        """Copy a `torch.nn.TransformerEncoderLayer` (norm_first=True, batch_first=True,
+        activation="gelu") here: norm1 -> ln1, self_attn -> attn, norm2 -> ln2,
+        linear1/linear2 -> mlp. Dropout has no counterpart: compare in eval mode or dropout=0."""
+        if not isinstance(layer, nn.TransformerEncoderLayer):
+            raise ValueError(f"layer should be a torch.nn.TransformerEncoderLayer, "
+                             f"got {type(layer).__name__}")
+        if not layer.norm_first or not layer.self_attn.batch_first:
+            raise ValueError(f"layer has norm_first={layer.norm_first}, batch_first="
+                             f"{layer.self_attn.batch_first}: wanted both True (a pre-LN block "
+                             "that takes (batch, n, d))")
+        act = layer.activation
+        if not (act is nn.functional.gelu or isinstance(act, nn.GELU)) or \
+                getattr(act, "approximate", "none") != "none":
+            raise ValueError(f"layer has activation {act!r}: wanted 'gelu' (exact, not tanh)")
+        shape = (layer.linear1.in_features, layer.self_attn.num_heads, layer.linear1.out_features)
+        if shape != (self.d_model, self.num_heads, self.d_mlp):
+            raise ValueError(f"layer has (d_model, num_heads, dim_feedforward)={shape}; this block "
+                             f"has (d_model, num_heads, d_mlp)="
+                             f"{(self.d_model, self.num_heads, self.d_mlp)}")
+        for ours, theirs in ((self.ln1, layer.norm1), (self.ln2, layer.norm2)):
+            if ours.eps != theirs.eps:
+                raise ValueError(f"layer's LayerNorm eps={theirs.eps} differs from ours "
+                                 f"({ours.eps}): build it with layer_norm_eps={ours.eps}")
+            ours.weight.copy_(theirs.weight)
+            ours.bias.copy_(theirs.bias)
+        self.attn.load_torch_weights(layer.self_attn)
+        for ours, theirs in ((self.mlp[0], layer.linear1), (self.mlp[2], layer.linear2)):
+            ours.weight.copy_(theirs.weight)
+            ours.bias.copy_(theirs.bias)
+        return self

@@ -1,0 +1,99 @@
+"""TransformerBlock against torch.nn.TransformerEncoderLayer with copied weights."""
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib.masks import causal_mask
+from course_lib.models import TransformerBlock
+
+
+def _pair(d_model, num_heads, d_mlp, seed, dtype=torch.float32):
+    torch.manual_seed(seed)
+    theirs = nn.TransformerEncoderLayer(d_model, num_heads, dim_feedforward=d_mlp, dropout=0.0,
+                                        activation="gelu", batch_first=True, norm_first=True)
+    with torch.no_grad():  # LayerNorms start at (1, 0): make them matter
+        for norm in (theirs.norm1, theirs.norm2):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    theirs = theirs.to(dtype).eval()
+    ours = TransformerBlock(d_model, num_heads, d_mlp).to(dtype).load_torch_weights(theirs)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("batch,n,d_model,num_heads,d_mlp,seed", [
+    (1, 1, 8, 1, 16, 0), (2, 7, 16, 4, 64, 1), (3, 12, 24, 3, 40, 2), (2, 33, 64, 8, 256, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_equals_torch_encoder_layer(batch, n, d_model, num_heads, d_mlp, seed, causal):
+    ours, theirs = _pair(d_model, num_heads, d_mlp, seed)
+    x = torch.randn(batch, n, d_model)
+    mask = causal_mask(n) if causal else None
+    with torch.no_grad():
+        want = theirs(x, src_mask=None if mask is None else ~mask)  # torch: True = blocked
+        got = ours(x, mask=mask)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    assert ours.weights.shape == (batch, num_heads, n, n)
+    if causal and n > 1:  # the mask reached the scores: no weight above the diagonal
+        assert float(ours.weights.triu(1).abs().max()) == 0.0
+
+
+def test_block_equals_torch_in_float64_and_gradients_match():
+    ours, theirs = _pair(16, 2, 32, seed=4, dtype=torch.float64)
+    x = torch.randn(2, 9, 16, dtype=torch.float64, requires_grad=True)
+    mask = causal_mask(9)
+    theirs.train()  # no fast path: the plain autograd graph
+    (g_theirs,) = torch.autograd.grad(theirs(x, src_mask=~mask).square().sum(), x)
+    (g_ours,) = torch.autograd.grad(ours(x, mask=mask).square().sum(), x)
+    torch.testing.assert_close(g_ours, g_theirs, atol=1e-10, rtol=1e-8)
+
+
+def test_a_causal_block_does_not_leak_the_future():
+    torch.manual_seed(5)
+    block = TransformerBlock(16, 4, 32).eval()
+    x = torch.randn(1, 10, 16)
+    y = x.clone()
+    y[0, 6:] = torch.randn(4, 16)  # change tokens 6..9
+    with torch.no_grad():
+        a, b = block(x, causal_mask(10)), block(y, causal_mask(10))
+    torch.testing.assert_close(a[0, :6], b[0, :6])
+    assert not torch.allclose(a[0, 6:], b[0, 6:])
+
+
+def test_the_residual_stream_is_kept():
+    """With both sub-layers' output maps zeroed, the block is the identity (pre-LN, x + ...)."""
+    block = TransformerBlock(8, 2, 16)
+    with torch.no_grad():
+        for linear in (block.attn.out_proj, block.mlp[2]):
+            linear.weight.zero_()
+            linear.bias.zero_()
+    x = torch.randn(2, 5, 8)
+    torch.testing.assert_close(block(x), x)
+
+
+@pytest.mark.parametrize("args,match", [
+    ((8, 3, 16), "d_model=8 is not divisible by num_heads=3"),
+    ((8, 2, 0), "d_mlp"),
+    ((0, 2, 16), "d_model"),
+    ((8, 2, 16.0), "d_mlp"),
+])
+def test_bad_arguments_name_themselves(args, match):
+    with pytest.raises(ValueError, match=match):
+        TransformerBlock(*args)
+
+
+def test_bad_input_and_bad_torch_layers_are_refused():
+    block = TransformerBlock(8, 2, 16)
+    with pytest.raises(ValueError, match=r"x has shape \(2, 5, 4\), wanted \(batch, n, d_model=8"):
+        block(torch.randn(2, 5, 4))
+    with pytest.raises(ValueError, match="TransformerEncoderLayer"):
+        block.load_torch_weights(nn.Linear(8, 8))
+    post_ln = nn.TransformerEncoderLayer(8, 2, 16, activation="gelu", batch_first=True)
+    with pytest.raises(ValueError, match="norm_first=False"):
+        block.load_torch_weights(post_ln)
+    relu = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=True)
+    with pytest.raises(ValueError, match="activation"):
+        block.load_torch_weights(relu)
+    wide = nn.TransformerEncoderLayer(8, 2, 32, activation="gelu", batch_first=True,
+                                      norm_first=True)
+    with pytest.raises(ValueError, match=r"dim_feedforward\)=\(8, 2, 32\)"):
+        block.load_torch_weights(wide)
