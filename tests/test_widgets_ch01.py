@@ -10,7 +10,8 @@ from course_lib.widgets import Explorer, soft_lookup_explorer
 def explorer():
     rng = np.random.default_rng(0)
     keys = rng.normal(size=(4, 3))
-    return soft_lookup_explorer(keys[0], keys, rng.normal(size=4), names=list("abcd"), temperature=1.0)
+    return soft_lookup_explorer(keys[0], keys, rng.normal(size=4), names=list("abcd"),
+                                temperature=1.0)
 
 
 def heights(explorer):
@@ -37,3 +38,12 @@ def test_unknown_control_and_bad_names(explorer):
         explorer.update(d_k=4)
     with pytest.raises(ValueError, match="names has 2 labels but keys has 4 rows"):
         soft_lookup_explorer(np.zeros(3), np.eye(4, 3), np.zeros(4), names=["a", "b"])
+
+
+def test_the_legend_names_the_orange_bar_and_the_uniform_line(explorer):
+    explorer.update(temperature=0.05)
+    ax = explorer.figure.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["largest weight (the argmax key)", "other keys", "uniform, 1/n"]
+    tallest = max(ax.patches, key=lambda bar: bar.get_height())
+    assert tallest.get_facecolor() == ax.get_legend().get_patches()[0].get_facecolor()

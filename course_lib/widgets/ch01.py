@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import numpy as np
+from matplotlib.patches import Patch
 
 from course_lib.lookup import soft_lookup
 from course_lib.widgets._base import Explorer
@@ -14,7 +15,8 @@ def soft_lookup_explorer(query, keys, values, names, temperature: float = 1.0) -
 
     query (d,), keys (n, d), values (n,) scalars, names: n labels for the keys.
     """
-    query, keys, values = np.asarray(query, float), np.asarray(keys, float), np.asarray(values, float)
+    query, keys = np.asarray(query, float), np.asarray(keys, float)
+    values = np.asarray(values, float)
     if len(names) != len(keys):
         raise ValueError(f"names has {len(names)} labels but keys has {len(keys)} rows")
 
@@ -27,8 +29,10 @@ def soft_lookup_explorer(query, keys, values, names, temperature: float = 1.0) -
         ax.set_ylabel("weight")
         ax.set_xlabel("stored key")
         ax.set_title(f"temperature {temperature:.3g}: blended value = {value:.2f}")
-        ax.axhline(1 / len(names), color="grey", lw=0.8, ls="--", label="uniform, 1/n")
-        ax.legend(loc="upper right", fontsize=8)
+        uniform = ax.axhline(1 / len(names), color="grey", lw=0.8, ls="--", label="uniform, 1/n")
+        ax.legend(handles=[Patch(color="tab:orange", label="largest weight (the argmax key)"),
+                           Patch(color="tab:blue", label="other keys"), uniform],
+                  loc="upper right", fontsize=8)
 
     slider = widgets.FloatLogSlider(value=temperature, base=10, min=-2, max=2, step=0.05,
                                     description="temperature", readout_format=".3g",
