@@ -1,7 +1,8 @@
-"""Every chapter's checkers pass its right answers and turn every generic wrong answer (None, a
-number, a blank exercise, a crash, no return, text) into feedback instead of crashing.
+"""Every chapter's checkers pass its right answers, turn every generic wrong answer (None, a
+number, a blank exercise, a crash, no return, text) into feedback instead of crashing, and refuse
+answers that call the course's own implementation.
 
-The lists live beside each chapter's own cases, as CORRECT and GENERIC_WRONG in
+The lists live beside each chapter's own cases, as CORRECT, GENERIC_WRONG and REFERENCE_CALLS in
 tests/test_checks_chNN.py; this one module runs them all.
 """
 
@@ -25,6 +26,12 @@ WRONG = [
     for wrong, words in cases.GENERIC_WRONG
 ]
 
+CHEATS = [
+    pytest.param(checker, answer, id=f"{chapter}-{checker.__name__}-{i}")
+    for chapter, cases in CHAPTERS.items()
+    for i, (checker, answer) in enumerate(cases.REFERENCE_CALLS)
+]
+
 
 @pytest.mark.parametrize("checker, answer", RIGHT)
 def test_right_answers_pass(checker, answer, capsys):
@@ -35,3 +42,8 @@ def test_right_answers_pass(checker, answer, capsys):
 @pytest.mark.parametrize("checker, wrong, words", WRONG)
 def test_generic_wrong_answers_give_feedback(checker, wrong, words):
     assert_feedback(checker, wrong, words)
+
+
+@pytest.mark.parametrize("checker, answer", CHEATS)
+def test_calling_the_course_reference_earns_nothing(checker, answer):
+    assert_feedback(checker, answer, "calls the course's own")
