@@ -1,0 +1,55 @@
+"""Chapter 09's FLOP accounting: FlopCounterMode on a real layer agrees with the closed form."""
+
+import pytest
+import torch
+
+from course_lib.cost import (
+    WIDTHS,
+    Layer,
+    attention_share,
+    count_flops,
+    crossover_from_counts,
+    crossover_length,
+    layer_flops,
+    time_parts,
+)
+
+
+@pytest.mark.parametrize("n,d,h,d_mlp", [(128, 64, 4, None), (1000, 96, 3, 200),
+                                         (4096, 768, 12, None), (131072, 4096, 32, None)])
+def test_counted_equals_closed_form(n, d, h, d_mlp):
+    counted, closed = count_flops(n, d, h, d_mlp), layer_flops(n, d, d_mlp)
+    assert counted["total"] == closed["total"]
+    assert counted["scores+blend"] == closed["scores"] + closed["blend"] == 4 * n * n * d
+    for part in ("qkv", "out", "mlp"):
+        assert counted[part] == closed[part]
+    assert attention_share(counted) == pytest.approx(n / (n + 2 * d + (d_mlp or 4 * d)))
+
+
+def test_counting_a_real_cpu_layer_gives_the_same_numbers():
+    cpu = count_flops(64, 32, 2, device="cpu")
+    assert cpu == count_flops(64, 32, 2)  # meta: same dispatch, same FLOPs
+
+
+def test_crossover():
+    for w in WIDTHS.values():
+        n = crossover_from_counts(**w)
+        assert n == crossover_length(w["d_model"]) == 6 * w["d_model"]
+        before, at = count_flops(n - 1, **w), count_flops(n, **w)
+        assert attention_share(at) >= 0.5 > attention_share(before)
+    assert crossover_length(100, d_mlp=50) == 250
+
+
+def test_layer_runs_and_time_parts_reports_shares():
+    layer = Layer(16, 2)
+    assert layer(torch.randn(2, 5, 16)).shape == (2, 5, 16)
+    rows = time_parts([16, 32], d_model=16, num_heads=2, repeats=1)
+    assert [r["n"] for r in rows] == [16, 32]
+    assert all(0 < r["share"] < 1 and r["attention"] > 0 for r in rows)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="n must be a positive integer, got 0"):
+        layer_flops(0, 64)
+    with pytest.raises(ValueError, match="d_mlp must be a positive integer"):
+        crossover_length(64, d_mlp=-1)
