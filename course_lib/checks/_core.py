@@ -11,7 +11,8 @@ import os
 import sys
 import sysconfig
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,21 +45,34 @@ def call(fn: Callable, *args, name: str | None = None, **kwargs) -> Any:
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as e:
-        hint = str(e).strip()
-        fail(f"`{name}` (or a function it calls) is not written yet" + (f". Hint: {hint}" if hint else "."))
+        hint = text_of(e).strip()
+        fail(f"`{name}` (or a function it calls) is not written yet"
+             + (f". Hint: {hint}" if hint else "."))
     except CheckFailure:
         raise
-    except Exception as e:  # noqa: BLE001 - any learner error becomes feedback
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any learner error becomes feedback
         shapes = ", ".join(_shape(a) for a in args)
-        fail(f"`{name}` raised {type(e).__name__}: {e}" + (f"  (called with {shapes})" if shapes else ""))
+        fail(f"`{name}` raised {type(e).__name__}: {text_of(e)}"
+             + (f"  (called with {shapes})" if shapes else ""))
+
+
+def text_of(e: BaseException, limit: int = 20_000) -> str:
+    """str(e), even for a learner's exception whose __str__ raises; cut to `limit` characters."""
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001
+        text = f"<{type(e).__name__} that cannot be printed>"
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def to_tensor(value: Any, what: str, *, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Accept a tensor, NumPy array or number; reject None, strings and other surprises."""
     if value is None:
         fail(f"{what} is None: did you forget to `return` it?")
-    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
-        fail(f"{what} is a {type(value).__name__} of {len(value)} tensors; expected a single tensor.")
+    if isinstance(value, (tuple, list)) and value and \
+            all(isinstance(v, torch.Tensor) for v in value):
+        fail(f"{what} is a {type(value).__name__} of {len(value)} tensors; "
+             "expected a single tensor.")
     if isinstance(value, torch.Tensor):
         t = value.detach()
     elif isinstance(value, (np.ndarray, np.generic, int, float, list, tuple)):
@@ -95,17 +109,24 @@ def expect_close(got: Any, want: torch.Tensor, what: str, *, atol: float = 1e-5,
         err = (t - want).abs()
         err = err[torch.isfinite(err)] if err.is_floating_point() else err
         worst = float(err.max()) if err.numel() else math.nan
-        fail(f"{what}: the result differs from the expected values (largest difference {worst:.3g})." +
-             (f" {hint}" if hint else ""))
+        fail(f"{what}: the result differs from the expected values "
+             f"(largest difference {worst:.3g})." + (f" {hint}" if hint else ""))
     return t
 
 
 class ReferenceCall(CheckFailure):
-    """The learner's answer ran the course's own reference implementation (see `forbid`)."""
+    """The learner's answer ran the course's own reference implementation (see `forbid`).
+
+    `reference` names what it ran (`course_lib.lookup.soft_lookup`), or `sys.setprofile` when the
+    answer switched off the call tracking; the grader flags the exercise with it."""
+
+    def __init__(self, message: str = "", reference: str = ""):
+        super().__init__(message)
+        self.reference = reference
 
 
 def _library_dirs() -> tuple[str, ...]:
-    """Where installed code lives (stdlib, site-packages): frames there are neither learner nor course."""
+    """Where installed code lives (stdlib, site-packages): neither learner nor course code."""
     dirs = set()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         with contextlib.suppress(KeyError):
@@ -115,13 +136,13 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(sorted(d.rstrip(os.sep) + os.sep for d in dirs))
 
 
-_COURSE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # .../course_lib/
+_COURSE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # course_lib/
 _LIBRARY_DIRS = _library_dirs()
 _file_kinds: dict[str, str] = {}
 
 
 def _file_kind(filename: str) -> str:
-    """'course' (course_lib), 'library' (stdlib, site-packages, frozen) or 'learner' (anything else)."""
+    """'course' (course_lib), 'library' (stdlib, site-packages, frozen) or 'learner' (the rest)."""
     kind = _file_kinds.get(filename)
     if kind is None:
         path = os.path.realpath(filename) if not filename.startswith("<") else filename
@@ -151,7 +172,8 @@ def _unwrap(obj: Any, depth: int = 0) -> list[Any]:
         return _unwrap(obj.__func__, depth + 1)
     if isinstance(obj, type):
         for klass in obj.__mro__:
-            if klass is object or _file_kind(getattr(inspect.getmodule(klass), "__file__", None) or "<?>") != "course":
+            file = getattr(inspect.getmodule(klass), "__file__", None) or "<?>"
+            if klass is object or _file_kind(file) != "course":
                 continue
             for member in vars(klass).values():
                 found.extend(_unwrap(member, depth + 1))
@@ -168,7 +190,7 @@ def _code_key(code: Any) -> tuple:
 
 
 def _target_name(owner: Any, attr: str) -> str:
-    """`course_lib.lookup.soft_lookup`, or for a class `course_lib.multihead.MultiHeadAttention.forward`."""
+    """`course_lib.lookup.soft_lookup`; for a class, `...multihead.MultiHeadAttention.forward`."""
     if isinstance(owner, type):
         return f"{owner.__module__}.{owner.__qualname__}.{attr}"
     return f"{getattr(owner, '__name__', owner)}.{attr}"
@@ -205,7 +227,7 @@ class _Forbid:
     def _make_trap(self, name: str):
         def trap(*args, **kwargs):
             self.hits.append(name)
-            raise ReferenceCall(self._message(name))
+            raise ReferenceCall(self._message(name), reference=name)
         return trap
 
     def _from_learner(self, frame: Any) -> bool:
@@ -244,9 +266,8 @@ class _Forbid:
         n_args = code.co_argcount + code.co_kwonlyargcount
         for var in code.co_varnames[:n_args]:
             value = self.owner.f_locals.get(var)
-            if value is None or not callable(value):
-                continue
-            for fn in _unwrap(value):
+            values = value if isinstance(value, (tuple, list)) else (value,)  # *learner_objs
+            for fn in (f for v in values if v is not None and callable(v) for f in _unwrap(v)):
                 c = getattr(fn, "__code__", None)
                 name = (self.codes.get(c) or self.keys.get(_code_key(c))) if c is not None \
                     else self.builtins.get(id(fn))
@@ -276,10 +297,11 @@ class _Forbid:
         if exc_type is not None and not issubclass(exc_type, Exception):
             return False  # KeyboardInterrupt, SystemExit: let them through untouched
         if self.hits:
-            raise ReferenceCall(self._message(self.hits[0])) from exc
+            raise ReferenceCall(self._message(self.hits[0]), reference=self.hits[0]) from exc
         if tampered:
             raise ReferenceCall(f"{self.exercise}: your answer switched off the checker's call "
-                                "tracking (sys.setprofile); answers must not touch the checker.") from exc
+                                "tracking (sys.setprofile); answers must not touch the checker.",
+                                reference="sys.setprofile") from exc
         return False
 
 
@@ -299,3 +321,12 @@ def forbid(*targets: tuple[Any, str], exercise: str) -> _Forbid:
     `call()`, which is how the learner's code is recognised).
     """
     return _Forbid(targets, exercise)
+
+
+def __getattr__(name: str) -> Any:
+    """`_core` re-exports the protocol (`Check`, `get`, `hint`) without a circular import."""
+    if name in ("Check", "get", "hint"):
+        from course_lib.checks import _protocol
+
+        return getattr(_protocol, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
