@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 
-
 def cmd_build_exercises(args: argparse.Namespace) -> int:
     from course_tools.exercises import build
 
@@ -64,42 +63,73 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="course", description="Attention, from scratch: course tools for learners, authors and graders.")
+        prog="course",
+        description="Attention, from scratch: course tools for learners, authors and graders.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("build-exercises", help="generate exercises/ from solutions/ (--check: fail if stale)")
-    p.add_argument("--check", action="store_true", help="only compare; exit 1 if exercises/ is out of date")
+    p = sub.add_parser(
+        "build-exercises", help="generate exercises/ from solutions/ (--check: fail if stale)"
+    )
+    p.add_argument(
+        "--check", action="store_true", help="only compare; exit 1 if exercises/ is out of date"
+    )
     p.add_argument("--solutions", type=Path, default=Path("solutions"), help=argparse.SUPPRESS)
     p.add_argument("--exercises", type=Path, default=Path("exercises"), help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_build_exercises)
 
     p = sub.add_parser("execute", help="authors: re-execute notebooks in place, reproducibly")
     p.add_argument("paths", nargs="+", help="notebooks or folders of notebooks")
-    p.add_argument("--timeout", type=int, default=300, help="seconds allowed per cell (default 300)")
+    p.add_argument(
+        "--timeout", type=int, default=300, help="seconds allowed per cell (default 300)"
+    )
     p.set_defaults(func=cmd_execute)
 
     p = sub.add_parser("env", help="print versions, CPU/GPU and Triton status")
     p.set_defaults(func=cmd_env)
 
-    p = sub.add_parser("check", help="learners: run your exercise notebook and show the score table with hints")
+    p = sub.add_parser(
+        "check", help="learners: run your exercise notebook and show the score table with hints"
+    )
     p.add_argument("notebook", type=Path)
     p.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell (default 60)")
-    p.add_argument("--memory-mb", type=int, default=4096, help="memory cap for the kernel in MB (default 4096)")
+    p.add_argument(
+        "--memory-mb", type=int, default=4096, help="memory cap for the kernel in MB (default 4096)"
+    )
     p.add_argument("--solutions", type=Path, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("grade", help="instructors: grade submitted exercise notebooks")
-    p.add_argument("submissions", nargs="+", type=Path, metavar="SUBMISSION",
-                   help="exercise notebooks, or folders of them")
+    p.add_argument(
+        "submissions",
+        nargs="+",
+        type=Path,
+        metavar="SUBMISSION",
+        help="exercise notebooks, or folders of them",
+    )
     fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print one JSON object per submission, as a list")
-    fmt.add_argument("--csv", action="store_true", help="print one CSV row per submission and exercise")
+    fmt.add_argument(
+        "--json", action="store_true", help="print one JSON object per submission, as a list"
+    )
+    fmt.add_argument(
+        "--csv", action="store_true", help="print one CSV row per submission and exercise"
+    )
     p.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell (default 60)")
-    p.add_argument("--memory-mb", type=int, default=4096, help="memory cap per kernel in MB (default 4096)")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="submissions graded at once (default: half the CPU cores, 2 to 4)")
-    p.add_argument("--solutions", type=Path, default=None,
-                   help="folder of source notebooks (default: the course's solutions/)")
+    p.add_argument(
+        "--memory-mb", type=int, default=4096, help="memory cap per kernel in MB (default 4096)"
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="submissions graded at once (default: half the CPU cores, 2 to 4)",
+    )
+    p.add_argument(
+        "--solutions",
+        type=Path,
+        default=None,
+        help="folder of source notebooks (default: the course's solutions/)",
+    )
     p.set_defaults(func=cmd_grade)
     return parser
 

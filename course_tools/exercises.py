@@ -27,9 +27,12 @@ BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
 END_HIDDEN = "### END HIDDEN TESTS"
 HINT = re.compile(r"^\s*# HINT:\s*(.*)$")
 MARKDOWN_STUB = "YOUR ANSWER HERE"
+STUB = "# YOUR CODE HERE"
 
-GENERATED_NOTE = ("GENERATED from solutions/{name} by `course build-exercises`: "
-                  "edit the solution notebook, not this file.")
+GENERATED_NOTE = (
+    "GENERATED from solutions/{name} by `course build-exercises`: "
+    "edit the solution notebook, not this file."
+)
 
 
 class ExerciseFormatError(ValueError):
@@ -45,16 +48,17 @@ def strip_solution(source: str, *, where: str, markdown: bool = False) -> str:
         line = lines[i]
         if BEGIN_SOLUTION in line:
             indent = line[: len(line) - len(line.lstrip())]
-            hint = ""
-            if out and HINT.match(out[-1]):
-                hint = HINT.match(out[-1]).group(1).strip()
+            hint = (hint_of(out[-1]) if out else None) or ""
             end = _find(lines, i + 1, END_SOLUTION, BEGIN_SOLUTION, where)
             if markdown:
                 out.append(MARKDOWN_STUB)
             else:
-                out.append(f"{indent}# YOUR CODE HERE")
-                out.append(f"{indent}raise NotImplementedError({hint!r})" if hint
-                           else f"{indent}raise NotImplementedError()")
+                out.append(f"{indent}{STUB}")
+                out.append(
+                    f"{indent}raise NotImplementedError({hint!r})"
+                    if hint
+                    else f"{indent}raise NotImplementedError()"
+                )
             i = end + 1
         elif BEGIN_HIDDEN in line:
             i = _find(lines, i + 1, END_HIDDEN, BEGIN_HIDDEN, where) + 1
@@ -80,7 +84,9 @@ def student_version(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNo
     for index, cell in enumerate(nb.cells):
         where = f"{name} cell {index}"
         if cell.cell_type in ("code", "markdown"):
-            cell.source = strip_solution(cell.source, where=where, markdown=cell.cell_type == "markdown")
+            cell.source = strip_solution(
+                cell.source, where=where, markdown=cell.cell_type == "markdown"
+            )
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
@@ -94,19 +100,33 @@ def student_version(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNo
 
 def graded_cells(nb: nbformat.NotebookNode) -> list[dict]:
     """The nbgrader metadata of every graded cell, in notebook order."""
-    return [dict(c.metadata["nbgrader"], cell_index=i) for i, c in enumerate(nb.cells)
-            if c.metadata.get("nbgrader", {}).get("grade")]
+    return [
+        dict(c.metadata["nbgrader"], cell_index=i)
+        for i, c in enumerate(nb.cells)
+        if c.metadata.get("nbgrader", {}).get("grade")
+    ]
+
+
+def hint_of(line: str) -> str | None:
+    """The text of a `# HINT: ...` line, or None when the line is not one."""
+    m = HINT.match(line)
+    return m.group(1).strip() if m else None
+
+
+def hints_in(source: str) -> list[str]:
+    """The `# HINT:` lines just above a solution region, or above its stub in an exercise (the
+    one hint parser: the builder, the grader and the tests all use it)."""
+    lines = source.split("\n")
+    return [
+        h
+        for a, b in zip(lines, lines[1:])
+        if (BEGIN_SOLUTION in b or STUB in b) and (h := hint_of(a)) is not None
+    ]
 
 
 def hints(nb: nbformat.NotebookNode) -> list[str]:
-    """Every `# HINT:` written just above a solution region (the messages learners will see)."""
-    found = []
-    for cell in nb.cells:
-        lines = cell.source.split("\n")
-        for a, b in zip(lines, lines[1:]):
-            if BEGIN_SOLUTION in b and HINT.match(a):
-                found.append(HINT.match(a).group(1).strip())
-    return found
+    """Every hint of a notebook, in order (the messages learners will see)."""
+    return [h for cell in nb.cells for h in hints_in(cell.source)]
 
 
 @dataclass

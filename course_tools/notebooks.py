@@ -18,12 +18,16 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def _merge_streams(outputs: list) -> list:
-    """Join consecutive stdout (or stderr) chunks: how a cell's prints are split depends on timing."""
+    """Join consecutive stdout (or stderr) chunks: how prints are split depends on timing."""
     merged: list = []
     for out in outputs:
         prev = merged[-1] if merged else None
-        if (out.get("output_type") == "stream" and prev is not None
-                and prev.get("output_type") == "stream" and prev.get("name") == out.get("name")):
+        if (
+            out.get("output_type") == "stream"
+            and prev is not None
+            and prev.get("output_type") == "stream"
+            and prev.get("name") == out.get("name")
+        ):
             prev["text"] = prev["text"] + out["text"]
         else:
             merged.append(out)
@@ -33,8 +37,11 @@ def _merge_streams(outputs: list) -> list:
 def normalise(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Remove volatile metadata and layout: timings, widget state/model ids, stream chunking."""
     nb.metadata.pop("widgets", None)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
-                                 "name": "python3"}
+    nb.metadata["kernelspec"] = {
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+        "name": "python3",
+    }
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         if cell.cell_type != "code":
@@ -51,8 +58,13 @@ def execute_in_place(path: Path, timeout: int = 300) -> float:
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start

@@ -1,3 +1,25 @@
-"""The grader (being split into one module per stage)."""
-from course_tools.grader.worker import *  # noqa: F401,F403
-from course_tools.grader.worker import main_check, main_grade  # noqa: F401
+"""The grader, one module per stage (in the spirit of nbgrader's converters):
+
+read -> match -> assemble -> run (run.py in the grader, worker.py in its subprocess) -> score
+-> report; `pipeline.py` chains them. `course grade` and `course check` call `pipeline`.
+"""
+
+from course_tools.grader.assemble import Plan, RunCell, assemble
+from course_tools.grader.match import match_source
+from course_tools.grader.pipeline import default_jobs, grade, grade_one, main_check, main_grade
+from course_tools.grader.read import (
+                                      Source,
+                                      default_check_dir,
+                                      default_solutions_dir,
+                                      file_digest,
+                                      load_sources,
+)
+from course_tools.grader.report import format_csv, format_json, format_table
+from course_tools.grader.results import CELL_MISSING, FLAG, PASSED, ExerciseResult, SubmissionResult
+from course_tools.grader.score import score
+
+__all__ = ["CELL_MISSING", "FLAG", "PASSED", "ExerciseResult", "Plan", "RunCell", "Source",
+           "SubmissionResult", "assemble", "default_check_dir", "default_jobs",
+           "default_solutions_dir", "file_digest", "format_csv", "format_json", "format_table",
+           "grade", "grade_one", "load_sources", "main_check", "main_grade", "match_source",
+           "score"]

@@ -1,0 +1,148 @@
+"""The stages in order for one submission and for many; the `course grade`/`check` commands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from course_tools.grader.assemble import assemble
+from course_tools.grader.match import match_source
+from course_tools.grader.read import Source, default_check_dir, expand, load_sources, read_notebook
+from course_tools.grader.report import format_csv, format_json, format_table
+from course_tools.grader.results import ExerciseResult, SubmissionResult
+from course_tools.grader.run import run_in_worker
+from course_tools.grader.score import score
+
+
+def grade_one(
+    path: Path,
+    sources: dict[str, Source],
+    *,
+    timeout: float = 60,
+    memory_mb: int = 4096,
+    hidden: bool = True,
+    jobs: int = 1,
+    label: str | None = None,
+) -> SubmissionResult:
+    """Grade one submission; never raises for anything the submission contains."""
+    start = time.monotonic()
+    result = SubmissionResult(label or str(path))
+    data, nb, error = read_notebook(Path(path))
+    if error:
+        result.error = error
+        return result
+    source = match_source(nb, sources, Path(path).name)
+    if source is None:
+        result.error = (
+            "matches no notebook in solutions/: none of its cells carries a grade_id "
+            "from there, and its name is not one of theirs"
+        )
+        return result
+    result.source = str(source.path)
+    try:
+        plan = assemble(source, nb, hidden=hidden)
+    except Exception as e:  # noqa: BLE001 - a malformed submission must not stop the run
+        result.error = f"could not assemble the notebook: {type(e).__name__}: {e}"
+        result.exercises = [ExerciseResult(g, 0, p, "not run") for g, p, _ in source.graded]
+        return result
+    statuses, error = run_in_worker(
+        Path(path).name, data, plan, timeout=timeout, memory_mb=memory_mb, jobs=jobs
+    )
+    result.error = error
+    result.exercises = score(source, plan, statuses, timeout=timeout, memory_mb=memory_mb)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def default_jobs() -> int:
+    """Submissions graded at once: 2 on a 2-core laptop, up to 4 on big machines, 1 on one core."""
+    cpus = os.cpu_count() or 1
+    return 1 if cpus < 2 else min(4, max(2, cpus // 2))
+
+
+def grade(
+    paths: list[Path],
+    *,
+    timeout: float = 60,
+    memory_mb: int = 4096,
+    hidden: bool = True,
+    jobs: int | None = None,
+    solutions_dir: Path | None = None,
+) -> list[SubmissionResult]:
+    """Grade every submission (directories expand to the notebooks inside), concurrently."""
+    sources = load_sources(solutions_dir)
+    files = expand(paths)
+    jobs = max(1, min(jobs or default_jobs(), len(files) or 1))
+
+    def one(p: Path) -> SubmissionResult:
+        try:
+            return grade_one(
+                p,
+                sources,
+                timeout=timeout,
+                memory_mb=memory_mb,
+                hidden=hidden,
+                jobs=jobs,
+                label=str(p),
+            )
+        except Exception as e:  # noqa: BLE001 - a grader bug on one file must not stop the others
+            return SubmissionResult(str(p), error=f"internal grader error: {type(e).__name__}: {e}")
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, files))
+
+
+def main_grade(args: argparse.Namespace) -> int:
+    missing = [p for p in args.submissions if not Path(p).exists()]
+    results = grade(
+        list(args.submissions),
+        timeout=args.timeout,
+        memory_mb=args.memory_mb,
+        jobs=getattr(args, "jobs", None),
+        solutions_dir=getattr(args, "solutions", None),
+    )
+    if getattr(args, "json", False):
+        sys.stdout.write(format_json(results))
+    elif getattr(args, "csv", False):
+        sys.stdout.write(format_csv(results))
+    else:
+        sys.stdout.write(format_table(results))
+    for p in missing:
+        print(f"course grade: {p}: no such file or folder", file=sys.stderr)
+    return 1 if missing else 0
+
+
+def main_check(args: argparse.Namespace) -> int:
+    path = Path(args.notebook)
+    if not path.exists():
+        print(f"course check: {path}: no such file", file=sys.stderr)
+        return 1
+    print(
+        f"Running {path} in a fresh kernel (a scratch copy; your file is not changed)...",
+        flush=True,
+    )
+    results = grade(
+        [path],
+        timeout=args.timeout,
+        memory_mb=getattr(args, "memory_mb", 4096),
+        hidden=False,
+        jobs=1,
+        solutions_dir=getattr(args, "solutions", None) or default_check_dir(),
+    )
+    sys.stdout.write(format_table(results, hints=True))
+    r = results[0]
+    print()
+    if r.exercises and not r.error:
+        if r.score == r.max_score:
+            print("All checks pass. Compare your code with the solution notebook, then go on.")
+        else:
+            todo = sum(1 for e in r.exercises if e.score < e.max_score)
+            print(
+                f"{todo} exercise(s) to go. The grader also runs hidden tests, so a check that "
+                "passes here can still fail there on an edge case."
+            )
+    return 0
