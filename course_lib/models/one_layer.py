@@ -1,0 +1,130 @@
+"""One attention layer and two tasks: the experiments of chapters 02 and 03.
+
+* `KindLookup` + `kind_lookup_batch` (chapter 02, keys vs values): every token has a *kind* and a
+  *content*; the query names a kind and the answer is the content of the token of that kind. The
+  key only needs the kind ("I am a date"), the value only the content (the date itself); with
+  `tie_kv=True` one matrix serves as W_K and W_V, so one vector must do both jobs.
+* `CopyPrevious` + `copy_previous_batch` (chapter 03, the scale in training): each token must
+  output the word of the token before it (on a circle, as in chapter 02), through attention's
+  blend of values; `scaled=False` drops the 1/sqrt(d_k).
+
+Both models return `(logits, weights)`, so `course_lib.train.train` can train them and a notebook
+can plot what they attend to. Every parameter is drawn from the model's own seeded generator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+
+def _positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} should be a positive int, got {value!r}")
+
+
+def _init(generator: torch.Generator, *shape: int, std: float) -> nn.Parameter:
+    return nn.Parameter(torch.randn(*shape, generator=generator) * std)
+
+
+# --- chapter 02: keys are for finding, values are for using ---------------------------------
+
+
+def kind_lookup_batch(generator: torch.Generator, size: int = 64, kinds: int = 8,
+                      contents: int = 8):
+    """`size` examples of `kinds` tokens: each kind once, in random order, with random contents.
+
+    Returns `((kind_ids, content_ids, asked), target)`: kind_ids, content_ids (size, kinds),
+    asked (size,) the kind the query names, target (size,) the content of the token of that kind.
+    """
+    for name, value in (("size", size), ("kinds", kinds), ("contents", contents)):
+        _positive_int(name, value)
+    kind_ids = torch.argsort(torch.rand(size, kinds, generator=generator), dim=-1)   # (B, n)
+    content_ids = torch.randint(contents, (size, kinds), generator=generator)         # (B, n)
+    asked = torch.randint(kinds, (size,), generator=generator)                        # (B,)
+    where = (kind_ids == asked[:, None]).int().argmax(dim=-1, keepdim=True)           # (B, 1)
+    return (kind_ids, content_ids, asked), content_ids.gather(1, where).squeeze(1)
+
+
+class KindLookup(nn.Module):
+    """One query ("which content has the token of kind a?") against a sequence of tokens.
+
+    x_j = kind_emb[kind_j] + content_emb[content_j];  q = ask_emb[a] W_Q;  k_j = x_j W_K;
+    v_j = x_j W_V;  logits = softmax(q k^T / sqrt(width)) V W_O + b_O.  `tie_kv`: W_V is W_K.
+    """
+
+    def __init__(self, width: int, tie_kv: bool = False, kinds: int = 8, contents: int = 8,
+                 d_model: int = 16, seed: int = 0):
+        super().__init__()
+        for name, value in (("width", width), ("kinds", kinds), ("contents", contents),
+                            ("d_model", d_model)):
+            _positive_int(name, value)
+        g = torch.Generator().manual_seed(seed)
+        self.kind_emb = _init(g, kinds, d_model, std=1.0)
+        self.content_emb = _init(g, contents, d_model, std=1.0)
+        self.ask_emb = _init(g, kinds, d_model, std=1.0)
+        self.W_Q = _init(g, d_model, width, std=1 / math.sqrt(d_model))
+        self.W_K = _init(g, d_model, width, std=1 / math.sqrt(d_model))
+        self.W_V = self.W_K if tie_kv else _init(g, d_model, width, std=1 / math.sqrt(d_model))
+        self.W_O = _init(g, width, contents, std=1 / math.sqrt(width))
+        self.b_O = nn.Parameter(torch.zeros(contents))
+        self.width, self.tie_kv = width, tie_kv
+
+    def forward(self, batch):
+        kind_ids, content_ids, asked = batch                            # (B, n), (B, n), (B,)
+        x = self.kind_emb[kind_ids] + self.content_emb[content_ids]             # (B, n, d_model)
+        q = self.ask_emb[asked] @ self.W_Q                                      # (B, width)
+        k, v = x @ self.W_K, x @ self.W_V                                       # (B, n, width)
+        scores = (k @ q[:, :, None]).squeeze(-1) / math.sqrt(self.width)        # (B, n)
+        weights = torch.softmax(scores, dim=-1)                                 # (B, n)
+        out = (weights[:, :, None] * v).sum(dim=1)                              # (B, width)
+        return out @ self.W_O + self.b_O, weights                               # (B, contents)
+
+
+# --- chapter 03: the scale in training -------------------------------------------------------
+
+
+def copy_previous_batch(generator: torch.Generator, size: int = 32, vocab: int = 50, n: int = 6):
+    """`size` sequences of `n` random words on a circle starting at a random place.
+
+    Returns `((word_ids, places), target)`, all (size, n); target[:, i] is the word of the token
+    before token i (the first token's predecessor is the last, as in chapter 02).
+    """
+    for name, value in (("size", size), ("vocab", vocab), ("n", n)):
+        _positive_int(name, value)
+    word_ids = torch.randint(vocab, (size, n), generator=generator)                       # (B, n)
+    places = (torch.randint(n, (size, 1), generator=generator) + torch.arange(n)) % n     # (B, n)
+    return (word_ids, places), word_ids[:, (torch.arange(n) - 1) % n]
+
+
+class CopyPrevious(nn.Module):
+    """Word + place embeddings, one attention layer of key width `d_k`, a readout to the vocabulary.
+
+    The entries of x, q and k start with variance about 1, the regime of chapter 03's section 1,
+    so without the scale the initial scores have standard deviation about sqrt(d_k).
+    scaled: multiply the scores by 1/sqrt(d_k) (True) or leave them raw (False).
+    """
+
+    def __init__(self, d_k: int, scaled: bool = True, vocab: int = 50, n: int = 6,
+                 d_model: int = 16, seed: int = 0):
+        super().__init__()
+        for name, value in (("d_k", d_k), ("vocab", vocab), ("n", n), ("d_model", d_model)):
+            _positive_int(name, value)
+        g = torch.Generator().manual_seed(seed)
+        self.word_emb = _init(g, vocab, d_model, std=1 / math.sqrt(2))   # x = word + place:
+        self.place_emb = _init(g, n, d_model, std=1 / math.sqrt(2))      # variance 1 per entry
+        self.W_Q = _init(g, d_model, d_k, std=1 / math.sqrt(d_model))
+        self.W_K = _init(g, d_model, d_k, std=1 / math.sqrt(d_model))
+        self.W_V = _init(g, d_model, d_model, std=1 / math.sqrt(d_model))
+        self.W_O = _init(g, d_model, vocab, std=1 / math.sqrt(d_model))
+        self.b_O = nn.Parameter(torch.zeros(vocab))
+        self.scale = 1 / math.sqrt(d_k) if scaled else 1.0
+
+    def forward(self, batch):
+        word_ids, places = batch                                                # (B, n) each
+        x = self.word_emb[word_ids] + self.place_emb[places]                    # (B, n, d_model)
+        q, k, v = x @ self.W_Q, x @ self.W_K, x @ self.W_V              # (B, n, d_k | d_model)
+        weights = torch.softmax(q @ k.transpose(-2, -1) * self.scale, dim=-1)   # (B, n, n)
+        return weights @ v @ self.W_O + self.b_O, weights                       # (B, n, vocab)

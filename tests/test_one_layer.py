@@ -1,0 +1,102 @@
+"""The one-layer models and tasks of chapters 02 (keys vs values) and 03 (the scale in training)."""
+
+import math
+
+import pytest
+import torch
+
+from course_lib.models.one_layer import (
+    CopyPrevious,
+    KindLookup,
+    copy_previous_batch,
+    kind_lookup_batch,
+)
+from course_lib.train import evaluate, train
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kind_lookup_targets_are_the_content_of_the_asked_kind(seed):
+    (kind_ids, content_ids, asked), target = kind_lookup_batch(torch.Generator().manual_seed(seed),
+                                                               size=50, kinds=5, contents=7)
+    assert kind_ids.shape == content_ids.shape == (50, 5) and asked.shape == target.shape == (50,)
+    each_kind_once = torch.arange(5).expand(50, 5)
+    assert torch.equal(kind_ids.sort(dim=-1).values, each_kind_once)
+    for b in range(50):
+        position = int((kind_ids[b] == asked[b]).nonzero())
+        assert target[b] == content_ids[b, position]
+
+
+def test_kind_lookup_model_ties_the_key_and_value_maps_only_when_asked():
+    tied, separate = KindLookup(width=3, tie_kv=True), KindLookup(width=3, tie_kv=False)
+    assert tied.W_V is tied.W_K and separate.W_V is not separate.W_K
+    n_tied, n_separate = (sum(p.numel() for p in m.parameters()) for m in (tied, separate))
+    assert n_separate - n_tied == 16 * 3
+    batch, _ = kind_lookup_batch(torch.Generator().manual_seed(0), size=4, kinds=8, contents=8)
+    logits, weights = separate(batch)
+    assert logits.shape == (4, 8) and weights.shape == (4, 8)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(4))
+    # the same seed gives the same model
+    torch.testing.assert_close(KindLookup(width=3)(batch)[0], KindLookup(width=3)(batch)[0])
+
+
+def test_kind_lookup_matches_a_plain_attention_computation():
+    model = KindLookup(width=4, kinds=6, contents=5)
+    batch, _ = kind_lookup_batch(torch.Generator().manual_seed(3), size=7, kinds=6, contents=5)
+    kind_ids, content_ids, asked = batch
+    x = model.kind_emb[kind_ids] + model.content_emb[content_ids]
+    q = (model.ask_emb[asked] @ model.W_Q)[:, None, :]                      # (B, 1, width)
+    out = torch.nn.functional.scaled_dot_product_attention(q, x @ model.W_K, x @ model.W_V)
+    torch.testing.assert_close(model(batch)[0], out[:, 0] @ model.W_O + model.b_O)
+
+
+def test_separate_maps_learn_the_lookup_where_tied_ones_cannot_at_width_2():
+    test = kind_lookup_batch(torch.Generator().manual_seed(9), size=500)
+    accuracy = {}
+    for tie in (False, True):
+        model = KindLookup(width=2, tie_kv=tie)
+        train(model, kind_lookup_batch, steps=300, lr=1e-2, seed=0, progress=False)
+        accuracy[tie] = evaluate(model, *test)
+    assert accuracy[False] > 0.95 and accuracy[True] < 0.6
+
+
+@pytest.mark.parametrize("n", [3, 6])
+def test_copy_previous_targets_wrap_around_the_circle(n):
+    (word_ids, places), target = copy_previous_batch(torch.Generator().manual_seed(0), size=9,
+                                                     vocab=20, n=n)
+    assert word_ids.shape == places.shape == target.shape == (9, n)
+    assert torch.equal(target[:, 1:], word_ids[:, :-1])
+    assert torch.equal(target[:, 0], word_ids[:, -1])
+    assert torch.equal((places[:, 1:] - places[:, :-1]) % n, torch.ones(9, n - 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("d_k", [4, 64])
+def test_copy_previous_scale_is_one_over_root_d_k_or_nothing(d_k):
+    batch, _ = copy_previous_batch(torch.Generator().manual_seed(1), size=3)
+    scaled, raw = CopyPrevious(d_k, scaled=True), CopyPrevious(d_k, scaled=False)
+    x = scaled.word_emb[batch[0]] + scaled.place_emb[batch[1]]
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        x @ scaled.W_Q, x @ scaled.W_K, x @ scaled.W_V)              # default scale 1/sqrt(d_k)
+    torch.testing.assert_close(scaled(batch)[0], reference @ scaled.W_O + scaled.b_O)
+    unscaled = torch.nn.functional.scaled_dot_product_attention(
+        x @ raw.W_Q, x @ raw.W_K, x @ raw.W_V, scale=1.0)
+    torch.testing.assert_close(raw(batch)[0], unscaled @ raw.W_O + raw.b_O)
+    assert scaled.scale == pytest.approx(1 / math.sqrt(d_k)) and raw.scale == 1.0
+
+
+def test_unscaled_scores_start_saturated_at_large_d_k():
+    batch, _ = copy_previous_batch(torch.Generator().manual_seed(2), size=200)
+    with torch.no_grad():
+        largest = {s: CopyPrevious(512, scaled=s)(batch)[1].amax(-1).mean().item() for s in (1, 0)}
+    assert largest[0] > 0.9 > 0.6 > largest[1]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_bad_sizes_raise_value_errors_naming_the_argument(bad):
+    with pytest.raises(ValueError, match="width should be a positive int"):
+        KindLookup(width=bad)
+    with pytest.raises(ValueError, match="d_k should be a positive int"):
+        CopyPrevious(d_k=bad)
+    with pytest.raises(ValueError, match="size should be a positive int"):
+        kind_lookup_batch(torch.Generator(), size=bad)
+    with pytest.raises(ValueError, match="n should be a positive int"):
+        copy_previous_batch(torch.Generator(), n=bad)
