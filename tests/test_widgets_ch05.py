@@ -30,7 +30,8 @@ def test_choosing_a_head_redraws_its_map(explorer):
     assert isinstance(explorer, Explorer) and explorer.redraws == 1
     before, png = shown(explorer).copy(), explorer.png_bytes()
     np.testing.assert_allclose(before, weights_two_heads()[0].numpy())
-    assert "head 0" in explorer.figure.axes[0].get_title() and "previous 0.80" in explorer.figure.axes[0].get_title()
+    title = explorer.figure.axes[0].get_title()
+    assert "head 0" in title and "previous 0.80" in title
     explorer.update(head=1)
     after = shown(explorer)
     np.testing.assert_allclose(after, weights_two_heads()[1].numpy())
@@ -43,6 +44,8 @@ def test_token_labels_and_colour_bar(explorer):
     assert [t.get_text() for t in ax.get_xticklabels()] == list("^abcd")
     assert [t.get_text() for t in ax.get_yticklabels()] == list("^abcd")
     assert len(explorer.figure.axes) == 2  # the heatmap and its colour bar
+    # readable at the saved figure's size: token labels no smaller than the axis labels' 10 pt
+    assert min(t.get_fontsize() for t in ax.get_xticklabels() + ax.get_yticklabels()) >= 10
 
 
 def test_a_change_from_the_browser_side_redraws(explorer):

@@ -16,6 +16,7 @@ def test_stepping_changes_the_figure_and_the_last_step_is_exact():
     assert explorer.redraws == 2 and explorer.png_bytes() != first_png
     assert [ax.get_title() for ax in explorer.figure.axes] != first_titles
     assert "max gap 0.000" in explorer.figure.axes[2].get_title()
+    assert explorer.figure.get_suptitle().startswith("online softmax after 12 of 12 keys")
 
 
 def test_slider_from_the_browser_side_redraws():

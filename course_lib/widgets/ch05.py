@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import ipywidgets as widgets
 import torch
@@ -27,15 +27,16 @@ def head_explorer(weights: torch.Tensor, labels: Sequence[str],
     scores = {name: [float(s) for s in values] for name, values in (scores or {}).items()}
     for name, values in scores.items():
         if len(values) != heads:
-            raise ValueError(f"scores[{name!r}] has {len(values)} entries, wanted one per head ({heads})")
+            raise ValueError(f"scores[{name!r}] has {len(values)} entries, "
+                             f"wanted one per head ({heads})")
     if not (isinstance(head, int) and 0 <= head < heads):
         raise ValueError(f"head should be an int in 0..{heads - 1}, got {head!r}")
 
     def draw(fig, head):
         ax = fig.add_subplot()
         image = ax.imshow(w[head].numpy(), cmap="viridis", vmin=0, vmax=1)
-        ax.set_xticks(range(n), labels, fontsize=8)
-        ax.set_yticks(range(n), labels, fontsize=8)
+        ax.set_xticks(range(n), labels, fontsize=11)  # tokens must read at a glance
+        ax.set_yticks(range(n), labels, fontsize=11)
         ax.set_xlabel("key position (attended to)")
         ax.set_ylabel("query position (attending)")
         detail = ", ".join(f"{name} {values[head]:.2f}" for name, values in scores.items())
@@ -44,5 +45,5 @@ def head_explorer(weights: torch.Tensor, labels: Sequence[str],
 
     selector = widgets.Dropdown(options=[(f"head {h}", h) for h in range(heads)], value=head,
                                 description="head")
-    return Explorer(draw, {"head": selector}, figsize=(5.4, 4.6))
+    return Explorer(draw, {"head": selector}, figsize=(6.4, 5.6))
 

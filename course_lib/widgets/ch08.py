@@ -45,8 +45,10 @@ def online_softmax_stepper(scores=None, values=None, block_size: int = 3, step: 
     if scores.ndim != 1 or len(scores) < 1:
         raise ValueError(f"scores must have shape (n,) with n >= 1, got {scores.shape}")
     if values.ndim != 2 or values.shape[0] != len(scores):
-        raise ValueError(f"values must have shape (n, d_v) = ({len(scores)}, d_v), got {values.shape}")
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
+        raise ValueError(f"values must have shape (n, d_v) = ({len(scores)}, d_v), "
+                         f"got {values.shape}")
+    is_int = isinstance(block_size, (int, np.integer)) and not isinstance(block_size, bool)
+    if not is_int or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     steps = online_softmax_steps(scores, values, int(block_size))
     final_w = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
@@ -62,9 +64,11 @@ def online_softmax_stepper(scores=None, values=None, block_size: int = 3, step: 
         st = steps[step - 1]
         seen, lo = st["seen"], (step - 1) * block_size
         ax_s, ax_w, ax_o = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1.2, 1.2, 0.9]})
-        colours = ["tab:blue" if j < lo else "tab:orange" if j < seen else "lightgrey" for j in range(n)]
+        colours = ["tab:blue" if j < lo else "tab:orange" if j < seen else "lightgrey"
+                   for j in range(n)]
         ax_s.bar(range(n), scores, color=colours)
-        ax_s.axhline(st["m"], color="tab:red", ls="--", lw=1.2, label=f"running max m = {st['m']:.2f}")
+        ax_s.axhline(st["m"], color="tab:red", ls="--", lw=1.2,
+                     label=f"running max m = {st['m']:.2f}")
         for edge in range(block_size, n, block_size):
             ax_s.axvline(edge - 0.5, color="k", lw=0.5, alpha=0.4)
         ax_s.set_title(f"scores: tile {step} of {n_tiles} (orange) just read")
@@ -92,7 +96,8 @@ def online_softmax_stepper(scores=None, values=None, block_size: int = 3, step: 
         ax_o.axhline(0, color="k", lw=0.5)
         ax_o.set_ylim(*out_limits)
         ax_o.legend(fontsize=8, loc="upper left", ncol=2)
-        fig.suptitle(f"online softmax after {seen} of {n} keys (tiles of {block_size})", fontsize=11)
+        fig.suptitle(f"online softmax after {seen} of {n} keys (tiles of {block_size})",
+                     fontsize=11)
         fig.tight_layout()
 
     slider = widgets.IntSlider(value=min(max(int(step), 1), n_tiles), min=1, max=n_tiles, step=1,
