@@ -45,7 +45,7 @@ CORRECT = [
 # Wrong answers every checker of this chapter must survive, with the words the feedback
 # must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
-    *generic_wrong_answers('keys @ query'),
+    *generic_wrong_answers(check.similarity_scores.hints[0]),
 ]
 
 

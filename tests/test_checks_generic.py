@@ -11,6 +11,9 @@ import importlib
 import pytest
 from checker_cases import assert_feedback
 
+from course_lib.checks import Check
+from course_lib.checks._protocol import decode, encode, run_cases
+
 CHAPTERS = {f"ch{n:02d}": importlib.import_module(f"test_checks_ch{n:02d}") for n in range(1, 9)}
 
 RIGHT = [
@@ -47,3 +50,14 @@ def test_generic_wrong_answers_give_feedback(checker, wrong, words):
 @pytest.mark.parametrize("checker, answer", CHEATS)
 def test_calling_the_course_reference_earns_nothing(checker, answer):
     assert_feedback(checker, answer, "calls the course's own")
+
+
+@pytest.mark.parametrize("seed", [1, 2**40 + 3])
+@pytest.mark.parametrize("checker, answer", [p for p in RIGHT if isinstance(p.values[0], Check)])
+def test_right_answers_pass_the_graders_hidden_cases_for_any_seed(checker, answer, seed):
+    """What `course grade` does, in one process: fresh seed, hidden cases, judge at home."""
+    cases = checker.cases(seed, True)
+    assert len(cases) >= len(checker.cases(0, False))
+    outcomes = run_cases(checker, (answer,), decode(encode(cases)))
+    message = checker.judge(cases, outcomes)  # raises CheckFailure when the answer is judged wrong
+    assert isinstance(message, str) and message

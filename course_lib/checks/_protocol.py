@@ -88,6 +88,10 @@ class Check:
         return self.id.split(".", 1)[1]
 
     @property
+    def __name__(self) -> str:  # so a Check reads like the checker function it replaced
+        return self.name
+
+    @property
     def hint_key(self) -> str:
         """What a learner passes to `check.hint`: the answer cell's grade_id, else the id."""
         return self.grade_ids[0].removesuffix("_test") if self.grade_ids else self.id
@@ -142,6 +146,12 @@ def value(outcome: Any, what: str = "your answer") -> Any:
     if "ok" not in outcome:
         raise CheckFailure(f"{what}: the check received no result for this case.")
     return outcome["ok"]
+
+
+def each(cases: list, outcomes: list):
+    """(case, the learner's output) for every case, raising the first error as feedback."""
+    for case, outcome in zip(cases, outcomes):
+        yield case, value(outcome)
 
 
 def _guarded(judge: Callable[[list, list], str], name: str) -> Callable[[list, list], str]:

@@ -1,4 +1,5 @@
-"""Checkers for exercises/01_soft_dictionary.ipynb."""
+"""Checkers for exercises/01_soft_dictionary.ipynb: scores, a stable softmax with a temperature,
+the soft lookup, and the gradient of a lookup with respect to its query."""
 
 from __future__ import annotations
 
@@ -6,90 +7,194 @@ import numpy as np
 import torch
 
 import course_lib.lookup as lookup
-from course_lib.checks._core import call, expect_close, fail, forbid, passed, to_tensor
+from course_lib.checks._core import call, expect_close, fail, to_tensor
+from course_lib.checks._protocol import Check, each, hint
+
+__all__ = ["similarity_scores", "softmax_weights", "soft_lookup", "query_gradient", "hint"]
+
+SOLUTION = "solutions/01_soft_dictionary.ipynb"
 
 
-def _problem(seed: int, n: int = 5, d: int = 3, d_v: int | None = None):
-    rng = np.random.default_rng(seed)
+def _problem(rng: np.random.Generator, n: int, d: int, d_v: int | None = None) -> dict:
     keys = rng.normal(size=(n, d))
     values = rng.normal(size=(n,)) if d_v is None else rng.normal(size=(n, d_v))
-    query = rng.normal(size=(d,))
-    return query, keys, values
+    return {"query": rng.normal(size=(d,)), "keys": keys, "values": values}
 
 
-def similarity_scores(fn) -> None:
-    """Exercise 1: scores(query, keys) -> (n,) dot products of the query with every key."""
-    for seed, (n, d) in enumerate([(5, 3), (1, 4), (8, 2)]):
-        query, keys, _ = _problem(seed, n, d)
-        got = call(fn, query.copy(), keys.copy(), name="similarity_scores")
-        want = torch.as_tensor(keys @ query)
+# ---------------------------------------------------------------- exercise 1
+
+def _scores_cases(seed: int, hidden: bool) -> list:
+    rng = np.random.default_rng([1, seed])
+    sizes = [(5, 3), (1, 4), (8, 2)] + ([(3, 3), (40, 16)] if hidden else [])
+    return [_problem(rng, n, d) for n, d in sizes]
+
+
+def _scores_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        query, keys = case["query"], case["keys"]
+        (n, d), want = keys.shape, torch.as_tensor(keys @ query)
         t = to_tensor(got, "similarity_scores(query, keys)", dtype=torch.float64)
         if t.shape != want.shape and t.numel() in (n * n, d) and n != d:
             fail(f"similarity_scores returned shape {tuple(t.shape)} for {n} keys of size {d}; "
-                 f"expected one score per key, shape ({n},): multiply keys (n, d) by query (d,).")
+                 f"expected one score per key, shape ({n},).")
         expect_close(t, want, "similarity_scores(query, keys)", atol=1e-8, rtol=1e-6,
-                     hint="The score of key j is the dot product sum_m keys[j, m] * query[m].")
-    passed("similarity_scores: one dot product per key, shape (n,).")
+                     hint="The score of key j is the dot product of key j with the query.")
+    return "similarity_scores: one dot product per key, shape (n,)."
 
 
-def softmax_weights(fn) -> None:
-    """Exercise 2: weights(scores, temperature) -> softmax(scores / temperature), stable."""
-    rng = np.random.default_rng(1)
-    cases = [(rng.normal(size=6), 1.0), (rng.normal(size=4) * 3, 0.25), (np.array([1000.0, 999.0, -1000.0]), 1.0),
-             (np.array([0.5]), 2.0)]
-    for scores, temperature in cases:
-        got = call(fn, scores.copy(), temperature, name="softmax_weights")
+similarity_scores = Check(
+    id="ch01.similarity_scores",
+    cases=_scores_cases,
+    run=lambda fn, case: call(fn, case["query"], case["keys"], name="similarity_scores"),
+    judge=_scores_judge,
+    hints=(
+        "Each score measures how well the query matches one key: one dot product per key.",
+        "keys holds one key per row, shape (n, d), and the query has shape (d,): a single "
+        "matrix-vector product gives all n dot products at once.",
+        "score_j = sum over m of keys[j, m] * query[m]; NumPy's @ computes it for every j.",
+        f"The worked answer is exercise 1 of {SOLUTION}.",
+    ),
+    grade_ids=("ch01_scores_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 2
+
+def _softmax_cases(seed: int, hidden: bool) -> list:
+    rng = np.random.default_rng([2, seed])
+    cases = [(rng.normal(size=6), 1.0), (rng.normal(size=4) * 3, 0.25),
+             (np.array([1000.0, 999.0, -1000.0]), 1.0), (np.array([0.5]), 2.0)]
+    if hidden:
+        cases += [(np.array([-1e4, 0.0, 1e4]), 1.0), (np.array([2.0, 2.0]), 0.001),
+                  (rng.normal(size=50) * 10, 3.0)]
+    return [{"scores": s, "temperature": t} for s, t in cases]
+
+
+def _softmax_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        scores, temperature = case["scores"], case["temperature"]
         z = scores / temperature
         want = torch.as_tensor(np.exp(z - z.max()) / np.exp(z - z.max()).sum())
         t = to_tensor(got, "softmax_weights(scores, temperature)", dtype=torch.float64)
-        if t.shape == want.shape and not torch.isfinite(t).all() and np.abs(scores).max() > 100:
-            fail("softmax_weights gives NaN/inf for scores like [1000, 999, -1000]: exp(1000) "
-                 "overflows. Subtract the largest score before exponentiating; it cancels out.")
+        if t.shape == want.shape and not torch.isfinite(t).all() and np.abs(z).max() > 100:
+            fail(f"softmax_weights gives NaN/inf for scores like {scores.tolist()}: exp of a large "
+                 "score overflows. Shift the scores before exponentiating; a shift cancels out.")
         if t.shape == want.shape and torch.isfinite(t).all() and abs(float(t.sum()) - 1) > 1e-6:
-            fail(f"your weights sum to {float(t.sum()):.4f}, not 1: divide by the sum of the exponentials.")
+            fail(f"your weights sum to {float(t.sum()):.4f}, not 1: divide by the sum of the "
+                 "exponentials.")
         expect_close(t, want, "softmax_weights(scores, temperature)", atol=1e-9, rtol=1e-7,
                      hint="Divide the scores by the temperature before the softmax.")
-    passed("softmax_weights: a stable softmax that sums to 1 and respects the temperature.")
+    return "softmax_weights: a stable softmax that sums to 1 and respects the temperature."
 
 
-def soft_lookup(fn) -> None:
-    """Exercise 3: soft_lookup(query, keys, values, temperature) -> (value, weights)."""
-    cases = []
-    for seed, (n, d, d_v, temperature) in enumerate([(5, 3, None, 1.0), (7, 4, 2, 0.5), (3, 2, 3, 4.0)]):
-        query, keys, values = _problem(seed + 10, n, d, d_v)
-        cases.append((query, keys, values, temperature, lookup.soft_lookup(query, keys, values, temperature)))
-    for query, keys, values, temperature, (want_value, want_weights) in cases:
-        with forbid((lookup, "soft_lookup"), exercise="soft_lookup"):
-            result = call(fn, query.copy(), keys.copy(), values.copy(), temperature, name="soft_lookup")
+softmax_weights = Check(
+    id="ch01.softmax_weights",
+    cases=_softmax_cases,
+    run=lambda fn, case: call(fn, case["scores"], case["temperature"], name="softmax_weights"),
+    judge=_softmax_judge,
+    hints=(
+        "Exponentials make the weights positive, a ratio makes them sum to 1, and shifting all "
+        "scores equally changes nothing.",
+        "Scale the scores by 1 / temperature first. Then subtract the largest scaled score, "
+        "exponentiate, and divide by the total.",
+        "w_j = exp(z_j - max(z)) / sum_l exp(z_l - max(z)) with z = scores / temperature.",
+        f"The worked answer is exercise 2 of {SOLUTION}.",
+    ),
+    grade_ids=("ch01_softmax_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 3
+
+def _lookup_cases(seed: int, hidden: bool) -> list:
+    rng = np.random.default_rng([3, seed])
+    sizes = [(5, 3, None, 1.0), (7, 4, 2, 0.5), (3, 2, 3, 4.0)]
+    if hidden:
+        sizes += [(1, 3, 2, 1.0), (20, 8, None, 0.1)]
+    return [dict(_problem(rng, n, d, d_v), temperature=t) for n, d, d_v, t in sizes]
+
+
+def _lookup_judge(cases: list, outcomes: list) -> str:
+    for case, result in each(cases, outcomes):
+        want_value, want_weights = lookup.soft_lookup(
+            case["query"], case["keys"], case["values"], case["temperature"])
         if result is None:
-            fail("soft_lookup returned None: did you forget to `return` the pair (value, weights)?")
+            fail("soft_lookup returned None: did you forget to `return` the pair "
+                 "(value, weights)?")
         if not (isinstance(result, tuple) and len(result) == 2):
+            length = f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""
             fail(f"soft_lookup should return a pair (value, weights); it returned "
-                 f"{type(result).__name__}{'' if not isinstance(result, tuple) else f' of length {len(result)}'}.")
-        value, weights = result
-        w = to_tensor(weights, "the weights", dtype=torch.float64)
-        expect_close(w, torch.as_tensor(want_weights), "the weights", atol=1e-9, rtol=1e-7,
-                     hint="weights = softmax(keys @ query / temperature), one per key.")
-        expect_close(value, torch.as_tensor(want_value), "the blended value", atol=1e-9, rtol=1e-7,
-                     hint="The value is the weighted sum over keys: weights @ values.")
-    passed("soft_lookup: weights and blended value match, for scalar and vector values.")
+                 f"{type(result).__name__}{length}.")
+        blended, weights = result
+        expect_close(weights, torch.as_tensor(want_weights), "the weights", atol=1e-9, rtol=1e-7,
+                     hint="One weight per key: the softmax of the query's scores, with the "
+                          "temperature.")
+        expect_close(blended, torch.as_tensor(want_value), "the blended value", atol=1e-9,
+                     rtol=1e-7, hint="The value is the weighted sum of the rows of values.")
+    return "soft_lookup: weights and blended value match, for scalar and vector values."
 
 
-def query_gradient(fn) -> None:
-    """Exercise 4: the gradient of a scalar soft lookup's value with respect to the query."""
-    for seed, (n, d, temperature) in enumerate([(5, 3, 1.0), (4, 2, 0.3), (6, 5, 2.0)]):
-        query, keys, values = _problem(seed + 20, n, d)
-        got = call(fn, query.copy(), keys.copy(), values.copy(), temperature, name="query_gradient")
-        q = torch.tensor(query, requires_grad=True)
-        value, _ = lookup.soft_lookup(q, torch.as_tensor(keys), torch.as_tensor(values), temperature)
-        (want,) = torch.autograd.grad(value, q)
+soft_lookup = Check(
+    id="ch01.soft_lookup",
+    cases=_lookup_cases,
+    run=lambda fn, case: call(fn, case["query"], case["keys"], case["values"],
+                              case["temperature"], name="soft_lookup"),
+    judge=_lookup_judge,
+    forbid=((lookup, "soft_lookup"),),
+    hints=(
+        "Reuse your two functions above, then blend the values: each counts as much as its "
+        "key's weight.",
+        "Compute the weights from the scores with your softmax_weights; the blended value is the "
+        "weighted sum of the rows of values (it works for numbers and for vectors).",
+        "value = sum_j w_j * values[j], where w = softmax(scores / temperature); return the pair "
+        "(value, w).",
+        f"The worked answer is exercise 3 of {SOLUTION}.",
+    ),
+    grade_ids=("ch01_soft_lookup_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 4
+
+def _gradient_cases(seed: int, hidden: bool) -> list:
+    rng = np.random.default_rng([4, seed])
+    sizes = [(5, 3, 1.0), (4, 2, 0.3), (6, 5, 2.0)]
+    sizes += [(2, 1, 1.0), (12, 6, 0.5)] if hidden else []
+    return [dict(_problem(rng, n, d), temperature=t) for n, d, t in sizes]
+
+
+def _gradient_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        q = torch.tensor(case["query"], requires_grad=True)
+        blended, _ = lookup.soft_lookup(q, torch.as_tensor(case["keys"]),
+                                        torch.as_tensor(case["values"]), case["temperature"])
+        (want,) = torch.autograd.grad(blended, q)
         t = to_tensor(got, "query_gradient(...)", dtype=torch.float64)
-        if t.shape == () or t.numel() == 1:
-            fail(f"query_gradient returned a single number; expected one partial derivative per query "
-                 f"component, shape ({d},). Return query.grad, not the value.")
+        if t.shape == () or t.numel() == 1 and want.numel() > 1:
+            fail(f"query_gradient returned a single number; expected one partial derivative per "
+                 f"query component, shape ({want.numel()},): return the query's gradient, not the "
+                 "value.")
         if t.shape == want.shape and torch.allclose(t, torch.zeros_like(t)):
-            fail("query_gradient returned all zeros: did you make the query a tensor with "
-                 "requires_grad=True and call .backward() on the blended value?")
+            fail("query_gradient returned all zeros: did you ask autograd to track the query "
+                 "(requires_grad=True) and run backward from the blended value?")
         expect_close(t, want, "query_gradient(...)", atol=1e-8, rtol=1e-6,
-                     hint="Build the lookup from torch operations (torch.softmax) so autograd can follow it.")
-    passed("query_gradient: autograd flows through the soft lookup to the query.")
+                     hint="Build the lookup from torch operations so autograd can follow it.")
+    return "query_gradient: autograd flows through the soft lookup to the query."
+
+
+query_gradient = Check(
+    id="ch01.query_gradient",
+    cases=_gradient_cases,
+    run=lambda fn, case: call(fn, case["query"], case["keys"], case["values"],
+                              case["temperature"], name="query_gradient"),
+    judge=_gradient_judge,
+    hints=(
+        "Let autograd do the calculus: track the query, compute the value with torch operations, "
+        "ask for the gradient.",
+        "The inputs are NumPy arrays: turn the query into a torch tensor with requires_grad=True, "
+        "the keys and values into tensors, use torch's softmax, then call backward() on the value.",
+        "After value.backward(), the query tensor's .grad holds d value / d query, shape (d,).",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
+    ),
+    grade_ids=("ch01_gradient_test",),
+)
