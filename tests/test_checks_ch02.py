@@ -39,7 +39,7 @@ CORRECT = [
 # Wrong answers every checker of this chapter must survive, with the words the feedback
 # must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
-    *generic_wrong_answers('q @ k.transpose(-2, -1)'),
+    *generic_wrong_answers(check.attention_scores.hints[0]),
     (lambda *a: (torch.full((2, 2), float("nan")), torch.full((2, 2), float("nan"))),
      "shape|a tuple of 2 tensors"),
 ]
