@@ -5,13 +5,20 @@ Import this module through `course_lib.flash` (which sets TRITON_INTERPRET=1 fir
 no GPU): Triton decides at decoration time whether a kernel is compiled or interpreted.
 
 Layout: every tensor is viewed as (BH, n, d) with the last dim contiguous; the grid is
-(query or key blocks, BH). Scores are kept in base 2: with qk_scale = scale·log2(e),
-exp(scale·s - m) = exp2(qk_scale·s - m'), and exp2 is the cheaper instruction on a GPU. The saved
-statistic LSE2 is the base-2 log-sum-exp of each row's scaled scores.
+(BH, query or key blocks): BH on axis 0, whose limit is 2^31 - 1 (axis 1 stops at 65535). Causal
+launches hand out the longest blocks first, so the short ones fill the tail of the launch.
+Scores are kept in base 2: with qk_scale = scale·log2(e), exp(scale·s - m) = exp2(qk_scale·s - m'),
+and exp2 is the cheaper instruction on a GPU; qk_scale·s - m' is one fused multiply-add per score.
+The saved statistic LSE2 is the base-2 log-sum-exp of each row's scaled scores.
+
+Precision: fp16 and bf16 dots run on tensor cores with fp32 accumulation. float32 inputs run
+their dots in TF32 on a GPU (Triton's default: 10 mantissa bits, errors of about 1e-3 of the
+values, like torch with allow_tf32=True). Triton's interpreter on a CPU computes them in full fp32.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -21,6 +28,7 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634  # log2(e)
 LN2 = 0.6931471805599453    # ln(2)
+SM90_SHARED_BYTES = 232448  # shared memory one block may use on sm_90 (H100/H200): 227 KB
 
 
 # ------------------------------------------------------------------------------------------------
@@ -58,20 +66,21 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
         if UPCAST:  # the interpreter's bf16 dot is wrong: do it in fp32 there
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale                               # (BLOCK_M, BLOCK_N)
+        qk = tl.dot(q, tl.trans(k))                          # raw scores s, (BLOCK_M, BLOCK_N)
         if STAGE == 2:
             qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
         if not EVEN:
             qk = tl.where(cols[None, :] < N_KV, qk, float("-inf"))
-        # The online-softmax update. Before this block the row holds
-        #     l_i = sum_j exp(s_j - m_i)   and   acc = sum_j exp(s_j - m_i) v_j
-        # over the keys seen so far. With the new max m_ij = max(m_i, max_j s_j) every old term
-        # must be measured against m_ij instead:  exp(s_j - m_ij) = exp(s_j - m_i) * exp(m_i - m_ij),
-        # so both sums are multiplied by alpha = exp(m_i - m_ij) <= 1 and the new block's terms,
-        # p = exp(s - m_ij), are added. (Base 2 here: exp2 with log2(e) folded into qk_scale.)
+        # The online-softmax update, in base 2 with t = qk_scale·s. Before this block the row holds
+        #     l_i = sum_j 2^(t_j - m_i)   and   acc = sum_j 2^(t_j - m_i) v_j
+        # over the keys seen so far. With the new max m_ij = max(m_i, max_j t_j) every old term
+        # must be measured against m_ij instead:  2^(t_j - m_ij) = 2^(t_j - m_i) · 2^(m_i - m_ij),
+        # so both sums are multiplied by alpha = 2^(m_i - m_ij) <= 1 and the new block's terms,
+        # p = 2^(t - m_ij), are added. The scale is positive, so max_j t_j = qk_scale · max_j s_j,
+        # and t - m_ij = qk_scale·s - m_ij is one multiply-add per score.
         # Every row sees at least one key in its first block, so m_ij is finite and alpha is too.
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_ij[:, None])
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
         alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -80,14 +89,20 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE_N_Q", "TUNE_N_KV"])
 def _attn_fwd(Q, K, V, Out, LSE2, sm_scale,
-              stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_on,
-              N_Q, N_KV,
+              stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
+              stride_ob, stride_on, N_Q, N_KV, TUNE_N_Q, TUNE_N_KV,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr):
-    start_m = tl.program_id(0)                       # which block of queries
-    off_bh = tl.program_id(1).to(tl.int64)           # which (batch, head)
+    # TUNE_N_Q, TUNE_N_KV: N_Q and N_KV rounded up to powers of two, only the autotuner's key
+    tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16 and HEAD_DIM >= 16, "tl.dot needs 16+")
+    tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal: BLOCK_M / BLOCK_N key blocks")
+    off_bh = tl.program_id(0).to(tl.int64)           # which (batch, head)
+    if CAUSAL:  # the last query block sees the most keys: start it first
+        start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        start_m = tl.program_id(1)                   # which block of queries
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -135,8 +150,8 @@ def _attn_fwd(Q, K, V, Out, LSE2, sm_scale,
 @triton.jit
 def _attn_bwd_preprocess(O, DO, Delta, stride_ob, stride_on, stride_dob, stride_don, N_Q,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    off_bh = tl.program_id(1).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    off_bh = tl.program_id(0).to(tl.int64)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None] < N_Q
     o = tl.load(O + off_bh * stride_ob + offs_m[:, None] * stride_on + offs_d[None, :],
@@ -182,14 +197,17 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base,
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE_N_Q", "TUNE_N_KV"])
 def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, Delta, sm_scale,
                    stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
-                   stride_dob, stride_don, N_Q, N_KV,
+                   stride_dob, stride_don, N_Q, N_KV, TUNE_N_Q, TUNE_N_KV,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    CAUSAL: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr):
-    start_n = tl.program_id(0) * BLOCK_N             # this program's block of keys
-    off_bh = tl.program_id(1).to(tl.int64)
+    tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16 and HEAD_DIM >= 16, "tl.dot needs 16+")
+    tl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal: BLOCK_N / BLOCK_M query blocks")
+    # causal: the first key block is seen by every query, the most work; blocks go out in order
+    off_bh = tl.program_id(0).to(tl.int64)
+    start_n = tl.program_id(1) * BLOCK_N             # this program's block of keys
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     k_ptrs = K + off_bh * stride_kb + offs_n[:, None] * stride_kn + offs_d[None, :]
@@ -266,14 +284,19 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE_N_Q", "TUNE_N_KV"])
 def _attn_bwd_dq(Q, K, V, DO, DQ, LSE2, Delta, sm_scale,
                  stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
-                 stride_dob, stride_don, N_Q, N_KV,
+                 stride_dob, stride_don, N_Q, N_KV, TUNE_N_Q, TUNE_N_KV,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M             # this program's block of queries
-    off_bh = tl.program_id(1).to(tl.int64)
+    tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16 and HEAD_DIM >= 16, "tl.dot needs 16+")
+    tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal: BLOCK_M / BLOCK_N key blocks")
+    off_bh = tl.program_id(0).to(tl.int64)
+    if CAUSAL:  # the last query block sees the most keys: start it first
+        start_m = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+    else:
+        start_m = tl.program_id(1) * BLOCK_M         # this program's block of queries
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q_ptrs = Q + off_bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :]
@@ -316,36 +339,114 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE2, Delta, sm_scale,
 
 
 # ------------------------------------------------------------------------------------------------
-# launch configurations: one fixed config in the interpreter (autotuning needs a GPU driver),
-# a small autotuned list when compiled on CUDA. BLOCK_M must be a multiple of BLOCK_N (forward,
-# dQ) and BLOCK_N a multiple of BLOCK_M (dK/dV) so the diagonal splits into whole blocks.
+# launch configurations. In the interpreter one fixed config (autotuning needs a GPU driver). On
+# CUDA a table per kernel, element size and head dim, pruned before autotuning to the entries
+# whose estimated shared memory fits the device. BLOCK_M must be a multiple of BLOCK_N (forward,
+# dQ) and BLOCK_N of BLOCK_M (dK/dV) so the causal diagonal splits into whole blocks (the kernels
+# assert it).
 # ------------------------------------------------------------------------------------------------
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), best guess first, per (bytes per element, head dim).
+# Chosen by compiling for sm_90 (`python -m course_lib.flash.compile_check --every`): each fits
+# 227 KB of shared memory and keeps its tiles in registers without spilling, causal or not, and
+# tests/test_flash_compile.py checks that for every entry. float32 needs smaller tiles: its TF32
+# dot operands take twice the registers of bf16 ones; d = 128 backward tiles need 8 warps.
+_SMALL_D = {  # d = 16 and 32
+    "fwd": [(128, 64, 4, 3), (64, 64, 4, 3)],
+    "dkdv": [(32, 128, 8, 3), (32, 64, 4, 3)],
+    "dq": [(128, 32, 4, 3), (64, 32, 4, 3)],
+}
+CONFIGS = {
+    "fwd": {(2, 128): [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
+            (2, 64): [(128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)],
+            (4, 128): [(128, 64, 8, 2), (64, 32, 4, 2)],
+            (4, 64): [(128, 64, 8, 3), (64, 64, 4, 3)]},
+    "dkdv": {(2, 128): [(32, 128, 8, 3), (64, 64, 8, 2), (32, 64, 8, 3)],
+             (2, 64): [(64, 128, 8, 3), (32, 128, 8, 3), (32, 64, 4, 3)],
+             (4, 128): [(32, 32, 4, 2), (16, 32, 4, 2)],
+             (4, 64): [(32, 64, 4, 3), (32, 128, 8, 3)]},
+    "dq": {(2, 128): [(128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
+           (2, 64): [(128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)],
+           (4, 128): [(64, 32, 8, 3), (32, 32, 4, 2)],
+           (4, 64): [(128, 32, 8, 3), (64, 32, 4, 3)]},
+}
+for _kernel, _small in _SMALL_D.items():
+    for _elem in (2, 4):
+        for _d in (16, 32):
+            CONFIGS[_kernel][(_elem, _d)] = _small
+
+
+def shared_bytes_estimate(kernel: str, block_m: int, block_n: int, num_stages: int,
+                          head_dim: int, elem_bytes: int) -> int:
+    """Shared memory Triton gives one block (at least; measured on sm_90): the tiles held for
+    the whole loop plus `num_stages` copies of the tiles the loop streams (software pipelining).
+    """
+    tile_m, tile_n = block_m * head_dim * elem_bytes, block_n * head_dim * elem_bytes
+    if kernel == "fwd":   # Q kept; K and V streamed
+        return tile_m + num_stages * 2 * tile_n
+    if kernel == "dkdv":  # K and V kept; Q, dO, LSE2 and Delta streamed; 1 KB for the masks
+        return 2 * tile_n + num_stages * (2 * tile_m + 8 * block_m) + 1024
+    if kernel == "dq":    # Q and dO kept; K and V streamed
+        return 2 * tile_m + num_stages * 2 * tile_n
+    raise ValueError(f"kernel must be 'fwd', 'dkdv' or 'dq', got {kernel!r}")
+
+
+def configs_for(kernel: str, head_dim: int, elem_bytes: int,
+                shared_limit: int = SM90_SHARED_BYTES) -> list[tuple]:
+    """The table's entries for one head dim and element size whose shared memory fits
+    `shared_limit`; the smallest entry if none does (Triton then reports the shortfall)."""
+    table = CONFIGS[kernel][(elem_bytes, head_dim)]
+    kept = [c for c in table if shared_bytes_estimate(kernel, c[0], c[1], c[3], head_dim,
+                                                      elem_bytes) <= shared_limit]
+    if os.environ.get("COURSE_FLASH_AUTOTUNE", "1") == "0":  # tests: one config, fewer compiles
+        kept = kept[:1]
+    return kept or [min(table, key=lambda c: c[0] * c[1] * c[3])]
+
+
+@functools.cache
+def _shared_limit(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    return int(getattr(props, "shared_memory_per_block_optin", SM90_SHARED_BYTES))
+
+
+def _pruner(kernel: str):
+    def early_config_prune(configs, named_args, **kwargs):
+        q = named_args["Q"]
+        limit = _shared_limit(q.device.index or 0) if q.is_cuda else SM90_SHARED_BYTES
+        keep = configs_for(kernel, kwargs["HEAD_DIM"], q.element_size(), limit)
+        return [c for c in configs
+                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in keep]
+    return early_config_prune
+
+
+def _configs(kernel):
+    """Every entry of the kernel's table once, for the autotuner to prune from."""
+    every = dict.fromkeys(c for table in CONFIGS[kernel].values() for c in table)
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in every]
+
 
 def _even(args):
     blocks = (args["BLOCK_M"], args["BLOCK_N"])
     return all(n % b == 0 for n in (args["N_Q"], args["N_KV"]) for b in blocks)
 
 
-if INTERPRET:
-    # unequal blocks on purpose: the interpreter then checks the diagonal split as the GPU uses it
-    _FWD_CONFIGS = [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32})]
-    _DKDV_CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64})]
-    _DQ_CONFIGS = [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32})]
-else:
-    _FWD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-                    for bm, bn, w, s in [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4)]]
-    _DKDV_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-                     for bm, bn, w, s in [(32, 128, 4, 3), (64, 128, 8, 3)]]
-    _DQ_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-                   for bm, bn, w, s in [(128, 32, 4, 3), (128, 64, 8, 3)]]
-    if os.environ.get("COURSE_FLASH_AUTOTUNE", "1") == "0":  # tests: one config, fewer compiles
-        _FWD_CONFIGS, _DKDV_CONFIGS, _DQ_CONFIGS = _FWD_CONFIGS[:1], _DKDV_CONFIGS[:1], _DQ_CONFIGS[:1]
+def _tune(fn, kernel, interpreted_config):
+    """autotune(heuristics(fn)): the autotuner keys on the lengths rounded up to powers of two,
+    so a new length re-tunes only when it crosses a power of two."""
+    fn = triton.heuristics({"EVEN": _even})(fn)
+    if INTERPRET:
+        return triton.autotune([triton.Config(interpreted_config)], key=[])(fn)
+    return triton.autotune(_configs(kernel), key=["TUNE_N_Q", "TUNE_N_KV", "HEAD_DIM", "CAUSAL"],
+                           prune_configs_by={"early_config_prune": _pruner(kernel)})(fn)
 
-_KEY = ["N_Q", "N_KV", "HEAD_DIM", "CAUSAL"]
-_fwd = triton.autotune(_FWD_CONFIGS, key=_KEY)(triton.heuristics({"EVEN": _even})(_attn_fwd))
-_bwd_dkdv = triton.autotune(_DKDV_CONFIGS, key=_KEY)(triton.heuristics({"EVEN": _even})(_attn_bwd_dkdv))
-_bwd_dq = triton.autotune(_DQ_CONFIGS, key=_KEY)(triton.heuristics({"EVEN": _even})(_attn_bwd_dq))
+
+# in the interpreter, unequal blocks on purpose: it then checks the diagonal split as a GPU uses it
+_fwd = _tune(_attn_fwd, "fwd", {"BLOCK_M": 64, "BLOCK_N": 32})
+_bwd_dkdv = _tune(_attn_bwd_dkdv, "dkdv", {"BLOCK_M": 32, "BLOCK_N": 64})
+_bwd_dq = _tune(_attn_bwd_dq, "dq", {"BLOCK_M": 64, "BLOCK_N": 32})
 _PRE_BLOCK = 64
+KERNELS = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}  # the jitted functions
 
 
 # ------------------------------------------------------------------------------------------------
@@ -356,36 +457,57 @@ def _upcast(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype == torch.bfloat16
 
 
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+def _check(q3, k3, v3, causal: bool, sm_scale: float) -> None:
+    """The kernels' own assumptions, for callers that skip `flash_attention`'s checks."""
+    if q3.ndim != 3 or k3.shape != v3.shape or k3.ndim != 3 or q3.shape[::2] != k3.shape[::2]:
+        raise ValueError(f"kernel: q3 must be (BH, n_q, d) and k3, v3 (BH, n_kv, d), got "
+                         f"q3 {tuple(q3.shape)}, k3 {tuple(k3.shape)}, v3 {tuple(v3.shape)}")
+    if causal and q3.shape[1] != k3.shape[1]:
+        # the causal kernels walk key blocks up to each query block's diagonal: with fewer keys
+        # than queries they would read past the end of K and V
+        raise ValueError(f"kernel: causal=True needs n_q == n_kv, got q3 {tuple(q3.shape)} and "
+                         f"k3 {tuple(k3.shape)}")
+    if not sm_scale > 0:  # the forward folds the scale into the running max: needs scale > 0
+        raise ValueError(f"kernel: sm_scale must be positive, got {sm_scale!r}")
+
+
 def forward(q3, k3, v3, causal: bool, sm_scale: float):
     """q3: (BH, n_q, d), k3, v3: (BH, n_kv, d), contiguous. Returns (out, lse2 (BH, n_q) fp32)."""
+    _check(q3, k3, v3, causal, sm_scale)
     bh, n_q, d = q3.shape
     n_kv = k3.shape[1]
     out = torch.empty_like(q3)
     lse2 = torch.empty(bh, n_q, device=q3.device, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), bh)  # noqa: E731
+    grid = lambda meta: (bh, triton.cdiv(n_q, meta["BLOCK_M"]))  # noqa: E731
     _fwd[grid](q3, k3, v3, out, lse2, sm_scale,
                q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-               out.stride(0), out.stride(1), n_q, n_kv,
+               out.stride(0), out.stride(1), n_q, n_kv, _pow2(n_q), _pow2(n_kv),
                HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype))
     return out, lse2
 
 
 def backward(do3, q3, k3, v3, out, lse2, causal: bool, sm_scale: float):
     """The three backward launches; returns (dq, dk, dv) shaped like q3, k3, v3."""
+    _check(q3, k3, v3, causal, sm_scale)
     bh, n_q, d = q3.shape
     n_kv = k3.shape[1]
     do3 = do3.contiguous()
     delta = torch.empty_like(lse2)
-    _attn_bwd_preprocess[(triton.cdiv(n_q, _PRE_BLOCK), bh)](
+    _attn_bwd_preprocess[(bh, triton.cdiv(n_q, _PRE_BLOCK))](
         out, do3, delta, out.stride(0), out.stride(1), do3.stride(0), do3.stride(1), n_q,
         HEAD_DIM=d, BLOCK_M=_PRE_BLOCK)
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
     common = (sm_scale, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-              v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), n_q, n_kv)
-    _bwd_dkdv[lambda meta: (triton.cdiv(n_kv, meta["BLOCK_N"]), bh)](
+              v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), n_q, n_kv,
+              _pow2(n_q), _pow2(n_kv))
+    _bwd_dkdv[lambda meta: (bh, triton.cdiv(n_kv, meta["BLOCK_N"]))](
         q3, k3, v3, do3, dk, dv, lse2, delta, *common,
         HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype))
-    _bwd_dq[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), bh)](
+    _bwd_dq[lambda meta: (bh, triton.cdiv(n_q, meta["BLOCK_M"]))](
         q3, k3, v3, do3, dq, lse2, delta, *common,
         HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype))
     return dq, dk, dv
