@@ -1,0 +1,38 @@
+"""Chapter 06's capacity sweep: seeded, complete, and recorded by the command that writes it."""
+
+import importlib.util
+
+import pytest
+
+from course_lib.models import capacity
+from course_lib.models.capacity_results import RESULTS
+
+
+def test_one_cell_is_seeded_and_scored():
+    first = capacity.train_recall(3, 4, steps=3, test_size=50)
+    assert first == capacity.train_recall(3, 4, steps=3, test_size=50)
+    assert 0.0 <= first <= 1.0
+
+
+def test_the_recorded_sweep_covers_the_grid_it_claims():
+    assert [(r["n"], r["d_hidden"]) for r in RESULTS] == [
+        (n, d) for n in capacity.NS for d in capacity.HIDDEN_SIZES]
+    assert all(r["steps"] == capacity.STEPS and r["kind"] == "gru" for r in RESULTS)
+    # the lecture's claim: at every state size, more tokens to hold means lower accuracy
+    for d in capacity.HIDDEN_SIZES:
+        by_n = [r["accuracy"] for r in RESULTS if r["d_hidden"] == d]
+        assert by_n == sorted(by_n, reverse=True)
+
+
+def test_the_command_writes_an_importable_record(tmp_path):
+    out = tmp_path / "results.py"
+    capacity.main(["--steps", "1", "--out", str(out)])
+    spec = importlib.util.spec_from_file_location("results", out)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert len(module.RESULTS) == len(capacity.NS) * len(capacity.HIDDEN_SIZES)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="should be positive"):
+        capacity.train_recall(0, 8)
