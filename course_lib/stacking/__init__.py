@@ -1,0 +1,11 @@
+"""Chapter 10: the transformer, stacking layers. The tasks, measurements and trained models.
+
+    induction   ... A B ... A -> B: a task one layer cannot solve and two can; previous-token and
+                induction scores of heads; zeroing one head (an ablation)
+    pronoun     the trophy and the suitcase: a templated language where "it" needs two earlier
+                candidates and a property word; accuracy against the distance to the candidates
+    text        real English offline: CPython's reference manual (pydoc_data.topics), characters
+                as tokens; what each head of a trained model does on a real sentence
+    pretrained  the small trained models the lecture loads, and the seeded command that makes them:
+                python -m course_lib.stacking.pretrained [--quick] [NAME ...]
+"""
