@@ -11,27 +11,17 @@ blocked key gets exp(-inf) = 0 weight, exactly.
      [T, T, T, F],
      [T, T, T, T]]                 query i sees keys 0..i; sequence b sees its first lengths[b] keys
 
-This module imports nothing from the rest of the course (attention imports masks, not back).
+This module imports only the shared input checks (`validate`); attention imports masks, not back.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-
-def _check_count(value, name: str) -> int:
-    """A positive Python (or 0-d tensor) integer; bools are rejected although they are ints."""
-    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point() \
-            and value.dtype != torch.bool:
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # int, numpy integers
-        raise ValueError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
+from course_lib.validate import check_count
 
 
 def causal_mask(n_queries: int, n_keys: int | None = None, device=None) -> torch.Tensor:
@@ -43,8 +33,8 @@ def causal_mask(n_queries: int, n_keys: int | None = None, device=None) -> torch
     Note: for queries that are the LAST n_queries of n_keys positions (decoding with a KV cache)
     you want the bottom-right alignment instead, `torch.ones(n_q, n_k).tril(n_k - n_q).bool()`.
     """
-    n_queries = _check_count(n_queries, "n_queries")
-    n_keys = n_queries if n_keys is None else _check_count(n_keys, "n_keys")
+    n_queries = check_count(n_queries, "n_queries")
+    n_keys = n_queries if n_keys is None else check_count(n_keys, "n_keys")
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril()  # (n_q, n_k)
 
 
@@ -57,7 +47,7 @@ def padding_mask(lengths: Sequence[int] | torch.Tensor, n_keys: int) -> torch.Te
     A length of 0 is allowed: every query of that sequence is then fully masked (attention gives
     it zero weights and a zero output, not NaN).
     """
-    n_keys = _check_count(n_keys, "n_keys")
+    n_keys = check_count(n_keys, "n_keys")
     if isinstance(lengths, torch.Tensor):
         if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
             raise ValueError(f"lengths must hold integers, got a tensor of dtype {lengths.dtype}")
@@ -66,7 +56,8 @@ def padding_mask(lengths: Sequence[int] | torch.Tensor, n_keys: int) -> torch.Te
         try:
             items = list(lengths)
         except TypeError:
-            raise ValueError(f"lengths must be a sequence of integers, got {type(lengths).__name__}") from None
+            raise ValueError(f"lengths must be a sequence of integers, "
+                             f"got {type(lengths).__name__}") from None
         if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in items):
             raise ValueError(f"lengths must be a sequence of integers, got {items!r}")
         t = torch.tensor([int(x) for x in items], dtype=torch.long)
@@ -88,3 +79,16 @@ def as_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
         raise ValueError(f"dtype must be a floating dtype, got {dtype}")
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return zeros.masked_fill(~mask, float("-inf"))
+
+
+def apply_mask(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """scores + M: blocked keys (False, or -inf) get a score of -inf, so exp() gives them 0.
+
+    mask: None (nothing blocked), bool (True = may attend) or additive float (0 / bias / -inf),
+    broadcastable to scores (..., n_q, n_k). Attention checks the mask before calling this.
+    """
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, float("-inf"))  # (..., n_q, n_k)
+    return scores + mask.to(scores.dtype)  # (..., n_q, n_k)

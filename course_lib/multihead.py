@@ -16,14 +16,15 @@ import torch
 import torch.nn as nn
 
 from course_lib.attention import scaled_dot_product_attention
+from course_lib.validate import check_count, check_float_tensor, check_mask, wrong_shape
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """(B, n, d) -> (B, heads, n, d/heads): head i gets features i·d/h .. (i+1)·d/h - 1."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        raise ValueError(f"x has shape {tuple(getattr(x, 'shape', ()))}, wanted (batch, n, d)")
+        raise wrong_shape("x", x, "(batch, n, d)")
     batch, n, d = x.shape
-    if d % num_heads:
+    if d % check_count(num_heads, "num_heads"):
         raise ValueError(f"x has d={d}, which num_heads={num_heads} does not divide")
     return x.view(batch, n, num_heads, d // num_heads).transpose(1, 2)  # (B, h, n, d_head)
 
@@ -31,7 +32,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, heads, n, d_head) -> (B, n, heads·d_head): the inverse of `split_heads`."""
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        raise ValueError(f"x has shape {tuple(getattr(x, 'shape', ()))}, wanted (batch, heads, n, d_head)")
+        raise wrong_shape("x", x, "(batch, heads, n, d_head)")
     batch, heads, n, d_head = x.shape
     return x.transpose(1, 2).reshape(batch, n, heads * d_head)  # (B, n, d)
 
@@ -49,12 +50,11 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, bias: bool = True):
         super().__init__()
-        for name, value in (("d_model", d_model), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} should be a positive int, got {value!r}")
+        d_model, num_heads = check_count(d_model, "d_model"), check_count(num_heads, "num_heads")
         if d_model % num_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
-                             f"each head gets d_model/num_heads features, so pick a divisor of {d_model}")
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: each "
+                             "head gets d_model/num_heads features, so pick a divisor of "
+                             f"{d_model}")
         self.d_model, self.num_heads, self.d_head = d_model, num_heads, d_model // num_heads
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W_Q: all heads' queries at once
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -62,37 +62,29 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O mixes the heads
 
     def _check(self, query, key, value, mask) -> None:
+        wanted = f"(batch, n, d_model={self.d_model})"
         for name, t in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"{name} should be a torch.Tensor, got {type(t).__name__}")
+            check_float_tensor(t, name, wanted)
             if t.dim() != 3 or t.shape[-1] != self.d_model:
-                raise ValueError(f"{name} has shape {tuple(t.shape)}, wanted (batch, n, d_model={self.d_model})")
-            if not t.is_floating_point():
-                raise ValueError(f"{name} has dtype {t.dtype}, wanted a floating dtype")
+                raise wrong_shape(name, t, wanted)
             if t.dtype != self.q_proj.weight.dtype:
                 raise ValueError(f"{name} has dtype {t.dtype} but this module's weights are "
-                                 f"{self.q_proj.weight.dtype}: convert one of them (e.g. module.to({t.dtype}))")
+                                 f"{self.q_proj.weight.dtype}: convert one of them "
+                                 f"(e.g. module.to({t.dtype}))")
         if key.shape[:2] != value.shape[:2]:
-            raise ValueError(f"key has shape {tuple(key.shape)} but value has {tuple(value.shape)}: "
-                             "wanted one value per key, (batch, n_k, d_model) for both")
+            raise ValueError(f"key has shape {tuple(key.shape)} but value has "
+                             f"{tuple(value.shape)}: wanted one value per key, "
+                             "(batch, n_k, d_model) for both")
         if key.shape[0] != query.shape[0]:
             raise ValueError(f"query has batch {query.shape[0]} but key has batch {key.shape[0]}")
-        if mask is None:
-            return
-        if not isinstance(mask, torch.Tensor):
-            raise ValueError(f"mask should be a torch.Tensor, got {type(mask).__name__}")
-        if mask.dtype != torch.bool and not mask.is_floating_point():
-            raise ValueError(f"mask has dtype {mask.dtype}, wanted torch.bool (True = may attend) "
-                             "or an additive float mask of 0/-inf; for 0/1 integers use mask.bool()")
         batch, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
-        allowed = {2: (n_q, n_k), 3: (batch, n_q, n_k), 4: (batch, self.num_heads, n_q, n_k)}
-        wanted = allowed.get(mask.dim())
-        if wanted is None or any(m not in (1, w) for m, w in zip(mask.shape, wanted)):
-            raise ValueError(f"mask has shape {tuple(mask.shape)}, wanted (n_q, n_k)=({n_q}, {n_k}), "
-                             f"(batch, n_q, n_k)=({batch}, {n_q}, {n_k}) such as a (batch, 1, n_k) "
-                             f"padding mask, or (batch, heads, n_q, n_k)={allowed[4]}; size-1 dims broadcast")
-        if mask.device != query.device:
-            raise ValueError(f"mask is on {mask.device} but query is on {query.device}")
+        # a 3-d mask is (batch, n_q, n_k), the same for every head: forward adds the head axis
+        is_3d = isinstance(mask, torch.Tensor) and mask.dim() == 3
+        scores = (batch, n_q, n_k) if is_3d else (batch, self.num_heads, n_q, n_k)
+        check_mask(mask, scores, query.device, wanted=(
+            f"(n_q, n_k)=({n_q}, {n_k}), (batch, n_q, n_k)=({batch}, {n_q}, {n_k}) such as a "
+            f"(batch, 1, n_k) padding mask, or (batch, heads, n_q, n_k)=({batch}, "
+            f"{self.num_heads}, {n_q}, {n_k}); size-1 dims broadcast"))
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, mask: torch.Tensor | None = None):
@@ -104,27 +96,29 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, h, n_q, d_head)
         k = split_heads(self.k_proj(key), self.num_heads)    # (B, h, n_k, d_head)
         v = split_heads(self.v_proj(value), self.num_heads)  # (B, h, n_k, d_head)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, h, n_q, d_head), (B, h, n_q, n_k)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, h, n_q, d_head)
+        # weights: (B, h, n_q, n_k)
         out = self.out_proj(merge_heads(heads))  # (B, n_q, d)
         return out, weights
 
     @torch.no_grad()
-    def load_torch_weights(self, mha: nn.MultiheadAttention) -> "MultiHeadAttention":
+    def load_torch_weights(self, mha: nn.MultiheadAttention) -> MultiHeadAttention:
         """Copy a `torch.nn.MultiheadAttention`'s weights here (same math for batch_first=True).
 
         torch stores W_Q, W_K, W_V stacked in one `in_proj_weight` of shape (3d, d).
         """
         if not isinstance(mha, nn.MultiheadAttention):
-            raise ValueError(f"mha should be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+            raise ValueError(f"mha must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
         if (mha.embed_dim, mha.num_heads) != (self.d_model, self.num_heads):
-            raise ValueError(f"mha has embed_dim={mha.embed_dim}, num_heads={mha.num_heads}; this module "
-                             f"has d_model={self.d_model}, num_heads={self.num_heads}")
+            raise ValueError(f"mha has embed_dim={mha.embed_dim}, num_heads={mha.num_heads}; this "
+                             f"module has d_model={self.d_model}, num_heads={self.num_heads}")
         if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-            raise ValueError("only plain torch MultiheadAttention modules can be loaded: kdim = vdim = "
-                             "embed_dim, add_bias_kv=False, add_zero_attn=False")
+            raise ValueError("only plain torch MultiheadAttention modules can be loaded: kdim = "
+                             "vdim = embed_dim, add_bias_kv=False, add_zero_attn=False")
         has_bias = mha.in_proj_bias is not None
         if has_bias != (self.q_proj.bias is not None):
-            raise ValueError(f"mha has bias={has_bias} but this module has bias={self.q_proj.bias is not None}")
+            raise ValueError(f"mha has bias={has_bias} but this module has "
+                             f"bias={self.q_proj.bias is not None}")
         d = self.d_model
         for i, proj in enumerate((self.q_proj, self.k_proj, self.v_proj)):
             proj.weight.copy_(mha.in_proj_weight[i * d:(i + 1) * d])

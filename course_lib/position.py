@@ -15,25 +15,11 @@ and cosine of the angles `apply_rope` rotates pair i by.
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
-from numbers import Integral, Real
 
 import torch
 
-
-def _check_count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, Real) or not math.isfinite(base) or base <= 1:
-        raise ValueError(f"base must be a finite number > 1, got {base!r}")
-    return float(base)
+from course_lib.validate import check_count, check_float_tensor, check_number
 
 
 def frequencies(d: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -41,7 +27,7 @@ def frequencies(d: int, base: float = 10000.0, dtype: torch.dtype = torch.float3
 
     Pair 0 turns by 1 radian per position (fast); the last pair turns almost not at all (slow).
     """
-    return _frequencies(_check_count(d, "d", 1), _check_base(base), dtype).clone()
+    return _frequencies(check_count(d, "d"), check_number(base, "base", above=1), dtype).clone()
 
 
 @lru_cache(maxsize=64)
@@ -60,8 +46,8 @@ def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
     Row `pos` is added to the embedding of the token at position `pos`. An odd d keeps the last
     sine column. Every entry lies in [-1, 1]; row 0 is (0, 1, 0, 1, ...).
     """
-    n = _check_count(n, "n", 0)
-    d = _check_count(d, "d", 1)
+    n = check_count(n, "n", minimum=0)
+    d = check_count(d, "d")
     pos = torch.arange(n, dtype=torch.float64)[:, None]  # (n, 1)
     angles = pos * frequencies(d, dtype=torch.float64)[None, :]  # (n, ceil(d/2))
     table = torch.empty(n, d, dtype=torch.float64)
@@ -79,17 +65,18 @@ def _check_positions(positions, x: torch.Tensor) -> torch.Tensor:
         try:
             positions = torch.as_tensor(positions)
         except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"positions must be a tensor of numbers, got {type(positions).__name__}") from None
+            raise ValueError(f"positions must be a tensor of numbers, "
+                             f"got {type(positions).__name__}") from None
     if positions.is_complex() or positions.dtype == torch.bool:
         raise ValueError(f"positions must be integers or real numbers, got dtype {positions.dtype}")
     want = tuple(x.shape[:-1])
     if positions.ndim == 0 or positions.ndim > len(want) or positions.shape[-1] != n:
-        raise ValueError(f"positions has shape {tuple(positions.shape)} but x has shape {tuple(x.shape)}: "
-                         f"expected shape ({n},) or one that broadcasts to {want}")
+        raise ValueError(f"positions has shape {tuple(positions.shape)} but x has shape "
+                         f"{tuple(x.shape)}: wanted ({n},) or a shape that broadcasts to {want}")
     padded = (1,) * (len(want) - positions.ndim) + tuple(positions.shape)
     if any(p not in (1, w) for p, w in zip(padded, want)):
-        raise ValueError(f"positions has shape {tuple(positions.shape)}, which does not broadcast to "
-                         f"x.shape[:-1] = {want} (x has shape {tuple(x.shape)})")
+        raise ValueError(f"positions has shape {tuple(positions.shape)}, which does not broadcast "
+                         f"to x.shape[:-1] = {want} (x has shape {tuple(x.shape)})")
     return positions.to(x.device)
 
 
@@ -103,17 +90,12 @@ def apply_rope(x: torch.Tensor, positions=None, base: float = 10000.0) -> torch.
     z * exp(j * position * theta_i); lengths do not change, and
     rope(q, m) . rope(k, n) = Re(sum_i q_i conj(k_i) exp(j (m - n) theta_i)) depends on m - n only.
     """
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"x must be a torch.Tensor of shape (..., n, d), got {type(x).__name__}")
-    if x.ndim < 2:
-        raise ValueError(f"x must have shape (..., n, d) with at least 2 dims, got shape {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    check_float_tensor(x, "x", "(..., n, d)", min_ndim=2)
     d = x.shape[-1]
     if d == 0 or d % 2:
         raise ValueError(f"x has d={d} (shape {tuple(x.shape)}), but RoPE rotates pairs of "
                          "columns: d must be even and > 0")
-    base = _check_base(base)
+    base = check_number(base, "base", above=1)
     positions = _check_positions(positions, x)
 
     # Angles in float64 for float64 input, float32 otherwise (half precision loses the angle).

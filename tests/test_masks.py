@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import course_lib.masks as masks_module
+import course_lib.validate as validate_module
 from course_lib.masks import as_additive, causal_mask, padding_mask
 
 
@@ -88,9 +89,15 @@ def test_bad_input_raises_value_error(call, match):
         call()
 
 
-def test_masks_does_not_import_attention():
-    """Modules import downward: attention may use masks, never the other way round."""
-    tree = ast.parse(inspect.getsource(masks_module))
+def _course_imports(module) -> list[str]:
+    tree = ast.parse(inspect.getsource(module))
     imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    assert not any("course_lib" in name for name in imported), imported
+    return [name for name in imported if "course_lib" in name]
+
+
+def test_masks_does_not_import_attention():
+    """Modules import downward: attention may use masks, never the other way round; masks uses
+    only the shared input checks, which import nothing from the course."""
+    assert _course_imports(masks_module) == ["course_lib.validate"]
+    assert _course_imports(validate_module) == []

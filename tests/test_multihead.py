@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from course_lib.masks import causal_mask, padding_mask
 from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
@@ -161,18 +162,30 @@ def test_bad_mask_shapes(bad_shape):
         mha(x, mask=torch.ones(bad_shape, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("good_shape", [(4, 4), (2, 4, 4), (2, 1, 4), (1, 4), (2, 2, 4, 4), (1, 1, 1, 4)])
-def test_good_mask_shapes(good_shape):
-    mha = MultiHeadAttention(8, 2)
-    out, w = mha(torch.randn(2, 4, 8), mask=torch.ones(good_shape, dtype=torch.bool))
-    assert w.shape == (2, 2, 4, 4)
+@pytest.mark.parametrize("good_shape", [(4, 4), (2, 4, 4), (2, 1, 4), (1, 4), (4,), (2, 2, 4, 4),
+                                        (1, 1, 1, 4), (2, 1, 4, 4), (1, 2, 1, 4)])
+def test_every_broadcastable_mask_shape_masks(good_shape):
+    """Each accepted mask shape is applied, broadcast the way its shape says: the result equals
+    torch's SDPA on the same heads with the mask expanded by hand to (batch, heads, n_q, n_k)."""
+    batch, heads, n, d_model = 2, 2, 4, 8
+    mha = MultiHeadAttention(d_model, heads)
+    x = rand(batch, n, d_model, dtype=torch.float32, seed=22)
+    mask = torch.rand(good_shape, generator=torch.Generator().manual_seed(23)) < 0.5
+    mask[..., 0] = True  # every query keeps a key (SDPA gives NaN for fully masked rows)
+    mask[..., -1] = False  # and loses one, so a mask that were ignored would show
+    out, w = mha(x, mask=mask)
+    full = (mask[:, None] if mask.dim() == 3 else mask).expand(batch, heads, n, n)
+    assert not full.all() and (w.masked_select(~full) == 0).all()
+    q, k, v = (split_heads(p(x), heads) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+    heads_out = F.scaled_dot_product_attention(q, k, v, attn_mask=full)
+    torch.testing.assert_close(out, mha.out_proj(merge_heads(heads_out)), **TOL[torch.float32])
 
 
 def test_bad_mask_dtype():
     mha = MultiHeadAttention(8, 2)
-    with pytest.raises(ValueError, match="mask has dtype torch.int64.*mask.bool"):
+    with pytest.raises(ValueError, match="mask must be boolean.*got dtype torch.int64.*mask.bool"):
         mha(torch.randn(1, 3, 8), mask=torch.ones(3, 3, dtype=torch.long))
-    with pytest.raises(ValueError, match="mask should be a torch.Tensor"):
+    with pytest.raises(ValueError, match="mask must be a torch.Tensor"):
         mha(torch.randn(1, 3, 8), mask=[[True] * 3] * 3)
 
 

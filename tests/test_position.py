@@ -63,7 +63,7 @@ def test_sinusoidal_zero_rows():
 @pytest.mark.parametrize("n,d,arg", [(-1, 4, "n"), (4, 0, "d"), (4.0, 4, "n"), (4, 2.5, "d"),
                                      (True, 4, "n"), (4, "8", "d")])
 def test_sinusoidal_bad_input(n, d, arg):
-    with pytest.raises(ValueError, match=rf"^{arg} must be an integer"):
+    with pytest.raises(ValueError, match=rf"^{arg} must be (an|a positive) integer"):
         sinusoidal_positions(n, d)
 
 
@@ -164,7 +164,7 @@ def test_rope_gradient_is_the_transposed_rotation():
 @pytest.mark.parametrize("x,match", [
     (torch.randn(4, 7), r"d=7 .*must be even"),
     (torch.randn(4, 0), r"d=0 .*must be even"),
-    (torch.randn(8), r"shape \(\.\.\., n, d\).*got shape \(8,\)"),
+    (torch.randn(8), r"x has shape \(8,\), wanted \(\.\.\., n, d\)"),
     (torch.ones(4, 8, dtype=torch.long), r"floating-point"),
     ([[1.0, 2.0]], r"x must be a torch.Tensor"),
 ])

@@ -1,0 +1,148 @@
+"""Input checks shared by every learner-facing function: validate at the boundary, then trust.
+
+One message style everywhere, so an error reads the same whichever chapter raised it:
+
+    <argument> must be <what it wants>, got <what it got>   n_keys must be a positive integer, got 0
+    <argument> has shape <got>, wanted <wanted>    q has shape (5,), wanted (..., n_q, d_k)
+    <argument> has <size> but <other> has <size>   q has d_k=64 but k has d_k=32 (...)
+
+Every check raises ValueError. This module imports nothing from the rest of the course, so any
+module (masks first of all) can use it: validate <- masks <- attention <- multihead <- models.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = ["shape_of", "wrong_shape", "check_count", "check_number", "check_scale",
+           "check_float_tensor", "check_qkv", "check_mask", "check_attention"]
+
+
+def shape_of(x) -> tuple[int, ...]:
+    """x's shape as a plain tuple (what messages print); () for things without one."""
+    return tuple(getattr(x, "shape", ()))
+
+
+def wrong_shape(name: str, x, wanted: str) -> ValueError:
+    """The error for an argument of the wrong shape: raise wrong_shape("x", x, "(batch, n, d)")."""
+    return ValueError(f"{name} has shape {shape_of(x)}, wanted {wanted}")
+
+
+def check_count(value, name: str, minimum: int = 1) -> int:
+    """An integer >= minimum (a Python or NumPy integer, or a 0-d integer tensor) as an int.
+
+    Bools are refused although Python counts them as integers: `causal_mask(True)` is a mistake.
+    """
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point() \
+            and not value.is_complex() and value.dtype != torch.bool:
+        value = int(value)
+    wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be {wanted}, got {value}")
+    return int(value)
+
+
+def check_number(value, name: str, above: float, note: str = "") -> float:
+    """A finite real number strictly greater than `above`, as a float (`note` adds a hint)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or value <= above:
+        raise ValueError(f"{name} must be a finite number > {above:g}{note}, got {value!r}")
+    return float(value)
+
+
+def check_scale(scale) -> None:
+    """None (attention then uses 1/√d_k) or a finite number > 0."""
+    if scale is not None:
+        check_number(scale, "scale", above=0, note=" (or None for 1/√d_k)")
+
+
+def check_float_tensor(x, name: str, wanted: str = "a tensor", min_ndim: int = 0) -> None:
+    """x is a floating-point torch.Tensor with at least `min_ndim` dims; `wanted` names its shape.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim < min_ndim:
+        raise wrong_shape(name, x, wanted)
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor (float32/float64/...), got dtype "
+                         f"{x.dtype} with shape {shape_of(x)}; convert it with {name}.float()")
+
+
+def check_qkv(q, k, v, causal: bool = False) -> tuple[int, ...]:
+    """q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v) with leading dims that broadcast.
+
+    One set of rules for every attention in the course (plain, tiled, the kernel). Returns the
+    scores' shape (..., n_q, n_k). causal=True also wants n_q == n_k.
+    """
+    for name, t, wanted in (("q", q, "(..., n_q, d_k)"), ("k", k, "(..., n_k, d_k)"),
+                            ("v", v, "(..., n_k, d_v)")):
+        check_float_tensor(t, name, wanted, min_ndim=2)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k and v must share one dtype: q is {q.dtype}, k is {k.dtype}, "
+                         f"v is {v.dtype}")
+    if q.device != k.device or q.device != v.device:
+        raise ValueError(f"q, k and v must be on one device: q on {q.device}, k on {k.device}, "
+                         f"v on {v.device}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]} "
+                         f"(q {shape_of(q)}, k {shape_of(k)}; both want (..., n, d_k))")
+    if q.shape[-1] == 0:
+        raise wrong_shape("q", q, "d_k >= 1 features per query")
+    if q.shape[-2] == 0:
+        raise wrong_shape("q", q, "at least one query (n_q >= 1)")
+    if k.shape[-2] == 0:
+        raise wrong_shape("k", k, "at least one key (n_k >= 1): every query needs a key to look at")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k has n_k={k.shape[-2]} keys but v has {v.shape[-2]} values "
+                         f"(k {shape_of(k)}, v {shape_of(v)}; want one value row per key)")
+    try:
+        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"the leading (batch/head) dims of q {shape_of(q)}, k {shape_of(k)} and "
+                         f"v {shape_of(v)} do not broadcast together") from None
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal=True needs as many queries as keys, got n_q={q.shape[-2]} "
+                         f"(q {shape_of(q)}) and n_k={k.shape[-2]} (k {shape_of(k)})")
+    return (*lead, q.shape[-2], k.shape[-2])
+
+
+def check_mask(mask, scores_shape: tuple[int, ...], device, wanted: str | None = None) -> None:
+    """None, or a bool (True = may attend) or additive float mask that broadcasts to the scores.
+
+    wanted: the shapes to name when it does not (default: the scores' shape itself).
+    """
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(f"mask must be a torch.Tensor (bool, or float 0/-inf), got "
+                         f"{type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise ValueError(f"mask must be boolean (True = may attend) or an additive float mask, got "
+                         f"dtype {mask.dtype} with shape {shape_of(mask)}; for 0/1 integers use "
+                         "mask.bool()")
+    scores_shape = tuple(scores_shape)
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise wrong_shape("mask", mask, wanted or f"one that broadcasts to the scores' shape "
+                                                  f"{scores_shape} = (..., n_q, n_k)")
+    if mask.device != torch.device(device):
+        raise ValueError(f"mask is on {mask.device} but the scores are on {device}")
+    if mask.is_floating_point() and (torch.isnan(mask).any() or (mask == math.inf).any()):
+        raise ValueError("an additive mask may hold 0, finite biases or -inf, but this one holds "
+                         "NaN or +inf")
+
+
+def check_attention(q, k, v, mask=None, scale=None, causal: bool = False) -> tuple[int, ...]:
+    """Everything attention(q, k, v, mask, scale) needs checked; returns the scores' shape."""
+    scores_shape = check_qkv(q, k, v, causal=causal)
+    check_scale(scale)
+    check_mask(mask, scores_shape, q.device)
+    return scores_shape
