@@ -49,7 +49,7 @@ CORRECT = [
 # Wrong answers every checker of this chapter must survive, with the words the feedback
 # must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
-    *generic_wrong_answers('think of a sum of d_k terms'),
+    *generic_wrong_answers(check.predicted_variance.hints[0]),
     (lambda *a: float("nan"), "not a finite number|shape"),
     (lambda *a: np.zeros((2, 3)), "one number|shape"),
 ]
@@ -75,7 +75,7 @@ def test_wrong_prediction(wrong, words):
 
 @pytest.mark.parametrize("wrong,words", [
     (lambda d, scaled=False, n=20000, seed=0: predicted_ok(d, scaled),
-     "same number for seed=0 and seed=1"),
+     "same number for two different seeds"),
     (lambda d, scaled=False, n=20000, seed=0: math.sqrt(variance_ok(d, scaled, n, seed)),
      "standard deviation"),
     (lambda d, scaled=False, n=20000, seed=0: variance_ok(d, False, n, seed),
