@@ -23,8 +23,24 @@ def test_scaling_explorer_redraws_for_d_k_and_scaling():
     wide_unscaled = bar_heights(explorer.figure, 1)
     # without 1/sqrt(d_k) at d_k = 1024 the softmax saturates: one weight takes (almost) everything
     assert max(wide_unscaled) > 0.99 > max(wide_scaled)
-    assert "unscaled" in explorer.figure._suptitle.get_text()
+    assert explorer.figure.get_suptitle() == "d_k = 1024, unscaled"
     assert explorer.redraws == 3
+
+
+def test_scaling_explorer_gives_both_thes_one_key_and_names_its_marks():
+    explorer = scaling_explorer(d_k=64, scaled=True)
+    scores = bar_heights(explorer.figure, 0)                  # the, cat, sat, on, the, mat
+    assert scores[0] == scores[4] and len(set(scores)) == 5
+    ax_w = explorer.figure.axes[1]
+    labels = [t.get_text() for t in ax_w.get_legend().get_texts()]
+    assert labels == ["largest weight", "other keys", "uniform, 1/n"]
+    orange = ax_w.get_legend().get_patches()[0].get_facecolor()
+    explorer.update(d_k=256, scaled=False)      # seed 0: the two "the"s win and split the weight
+    weights = bar_heights(explorer.figure, 1)
+    assert weights[0] == weights[4] == max(weights) > 0.49
+    winners = [i for i, bar in enumerate(explorer.figure.axes[1].patches)
+               if bar.get_facecolor() == orange]
+    assert winners == [0, 4]
 
 
 def test_scaling_explorer_rejects_bad_arguments():

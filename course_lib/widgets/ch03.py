@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import ipywidgets as widgets
 import torch
+from matplotlib.patches import Patch
 
 from course_lib.attention import softmax
 from course_lib.widgets._base import Explorer
@@ -19,21 +20,27 @@ def scaling_explorer(d_k: int = 64, scaled: bool = False, tokens: Sequence[str] 
                      query_index: int = 2, seed: int = 0) -> Explorer:
     """Scores and softmax weights of one query against every token's key, for a chosen d_k.
 
-    Queries and keys have independent unit-variance entries, drawn once (seeded) at the widest
-    d_k; a narrower d_k uses their first d_k entries, so moving the slider widens the same vectors.
-    Controls: d_k (4 ... 1024) and whether the scores are divided by sqrt(d_k).
+    The query and the keys have independent unit-variance entries, drawn once (seeded) at the
+    widest d_k; a narrower d_k uses their first d_k entries, so moving the slider widens the same
+    vectors. Each distinct token has one key (the two "the"s of the sentence share it, as they
+    share an embedding in chapter 02). Controls: d_k (4 ... 1024) and whether the scores are
+    divided by sqrt(d_k).
     """
     tokens = list(tokens)
     if d_k not in D_K_CHOICES:
         raise ValueError(f"d_k must be one of {D_K_CHOICES}, got {d_k!r}")
     if not 0 <= query_index < len(tokens):
-        raise ValueError(f"query_index must lie in 0..{len(tokens) - 1} for {len(tokens)} tokens, got {query_index}")
+        raise ValueError(f"query_index must lie in 0..{len(tokens) - 1} for {len(tokens)} "
+                         f"tokens, got {query_index}")
+    vocab = sorted(set(tokens))
+    d_max = max(D_K_CHOICES)
     g = torch.Generator().manual_seed(seed)
-    q_full = torch.randn(max(D_K_CHOICES), generator=g, dtype=torch.float64)               # (d_max,)
-    k_full = torch.randn(len(tokens), max(D_K_CHOICES), generator=g, dtype=torch.float64)  # (n, d_max)
+    q_full = torch.randn(d_max, generator=g, dtype=torch.float64)                 # (d_max,)
+    key_of_word = torch.randn(len(vocab), d_max, generator=g, dtype=torch.float64)
+    word_of_token = [vocab.index(t) for t in tokens]                              # (n,)
 
     def draw(fig, d_k, scaled):
-        scores = k_full[:, :d_k] @ q_full[:d_k]  # (n,)
+        scores = (key_of_word[:, :d_k] @ q_full[:d_k])[word_of_token]  # (n,): equal for equal words
         if scaled:
             scores = scores / math.sqrt(d_k)
         weights = softmax(scores)  # (n,)
@@ -47,8 +54,14 @@ def scaling_explorer(d_k: int = 64, scaled: bool = False, tokens: Sequence[str] 
         ax_s.set_ylabel("score" + (" q·k/√d_k" if scaled else " q·k"))
         ax_s.set_title(f"scores of query '{tokens[query_index]}' (std {float(scores.std()):.1f})")
         bars = ax_w.bar(x, weights.numpy(), color="tab:blue")
-        bars[int(weights.argmax())].set_color("tab:orange")
-        ax_w.axhline(1 / len(tokens), color="grey", ls="--", lw=0.8)
+        for bar, w in zip(bars, weights.tolist()):
+            if w == float(weights.max()):  # ties too: the two "the"s share a key and a weight
+                bar.set_color("tab:orange")
+        uniform = ax_w.axhline(1 / len(tokens), color="grey", ls="--", lw=0.8,
+                               label="uniform, 1/n")
+        ax_w.legend(handles=[Patch(color="tab:orange", label="largest weight"),
+                             Patch(color="tab:blue", label="other keys"), uniform],
+                    loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         ax_w.set_ylim(0, 1.05)
         ax_w.set_xticks(list(x), tokens)
         ax_w.set_xlabel("key token")
