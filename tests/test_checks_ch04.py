@@ -44,7 +44,7 @@ CORRECT = [
 # Wrong answers every checker of this chapter must survive, with the words the feedback
 # must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
-    *generic_wrong_answers('compare key index with query index'),
+    *generic_wrong_answers(check.causal_mask.hints[0]),
     (lambda *a: torch.full((1, 2, 3), float("nan")), "dtype|shape"),
 ]
 
@@ -64,7 +64,8 @@ REFERENCE_CALLS = [
     (lambda n: torch.ones(n, n).tril(-1).bool(), "forbids the diagonal"),
     (lambda n: torch.ones(n, n).tril(), "return a boolean tensor"),
     (lambda n: torch.ones(n, n + 1).tril().bool(), "shape"),
-    (lambda n: torch.ones(n, n).tril(1).bool(), "not lower-triangular"),
+    (lambda n: torch.ones(n, n).tril(1).bool(), "off by one diagonal"),
+    (lambda n: torch.eye(n).bool() | torch.ones(n, n).tril(-2).bool(), "not lower-triangular"),
 ])
 def test_wrong_causal(wrong, words):
     with pytest.raises(CheckFailure, match=words):
@@ -72,7 +73,7 @@ def test_wrong_causal(wrong, words):
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda lengths, n: padding_ok(lengths, n)[:, 0, :], "add the middle axis"),
+    (lambda lengths, n: padding_ok(lengths, n)[:, 0, :], "add a middle axis"),
     (lambda lengths, n: ~padding_ok(lengths, n), "True on the padding"),
     (lambda lengths, n: padding_ok(lengths, n).float(), "return a boolean tensor"),
     (lambda lengths, n: (torch.arange(n)[None, :] <= torch.tensor(lengths)[:, None])[:, None, :],

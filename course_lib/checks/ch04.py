@@ -8,66 +8,133 @@ import torch
 import course_lib.attention as attention
 import course_lib.masks as masks
 from course_lib.attention import softmax as _softmax
-from course_lib.checks._core import call, expect_close, expect_shape, fail, forbid, passed, to_tensor
+from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._protocol import Check, each, hint
+
+__all__ = ["causal_mask", "padding_mask", "to_additive", "masked_softmax", "hint"]
+
+SOLUTION = "solutions/04_masking.ipynb"
 
 
-def _bool_result(value, what: str, shape: tuple[int, ...]) -> torch.Tensor:
+def _generator(exercise: int, seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
+
+
+def _bool_result(got, what: str, shape: tuple[int, ...]) -> torch.Tensor:
     """The learner's mask as a bool tensor of `shape`, with feedback on float 0/1 answers."""
-    if isinstance(value, torch.Tensor) and value.dtype != torch.bool:
-        fail(f"{what} has dtype {value.dtype}; return a boolean tensor (True = may attend). "
-             "Comparisons like j <= i give one, or call .bool() at the end.")
-    t = to_tensor(value, what)
+    if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
+        fail(f"{what} has dtype {got.dtype}; return a boolean tensor (True = may attend). "
+             "A comparison gives one, or call .bool() at the end.")
+    t = to_tensor(got, what)
     expect_shape(t, shape, what)
     return t.bool()
 
 
-def causal_mask(fn) -> None:
-    """Exercise 1: causal_mask(n) -> bool (n, n), True where key j <= query i."""
-    with forbid((masks, "causal_mask"), exercise="causal_mask"):
-        for n in (4, 7, 1):
-            got = _bool_result(call(fn, n, name="causal_mask"), f"causal_mask({n})", (n, n))
-            i = torch.arange(n)
-            want = i[None, :] <= i[:, None]  # (n, n): key index <= query index
-            if n > 1 and torch.equal(got, want.T):
-                fail("your mask is upper-triangular: it lets query i see keys j >= i, the future. "
-                     "True should sit on and BELOW the diagonal (key j <= query i).")
-            if torch.equal(got, ~want):
-                fail("your mask is True where attention is forbidden. The convention is True = may "
-                     "attend: query i may see keys 0..i.")
-            if torch.equal(got, want & ~torch.eye(n, dtype=torch.bool)):
-                fail("your mask forbids the diagonal: a token may attend to itself (key j = i is allowed).")
-            if not torch.equal(got, want):
-                fail(f"causal_mask({n}) is not lower-triangular with the diagonal: expected\n{want.int()}\n"
-                     f"got\n{got.int()}")
-    passed("causal_mask: True on and below the diagonal; no query sees a later key.")
+# ---------------------------------------------------------------- exercise 1
+
+def _causal_cases(seed: int, hidden: bool) -> list:
+    return [4, 7, 1] + ([3, 2, 33] if hidden else [])
 
 
-def padding_mask(fn) -> None:
-    """Exercise 2: padding_mask(lengths, n_keys) -> bool (batch, 1, n_keys), True on real tokens."""
+def _causal_judge(cases: list, outcomes: list) -> str:
+    for n, got in each(cases, outcomes):
+        got = _bool_result(got, f"causal_mask({n})", (n, n))
+        i = torch.arange(n)
+        want = i[None, :] <= i[:, None]  # (n, n): key index <= query index
+        if n > 1 and torch.equal(got, want.T):
+            fail("your mask is upper-triangular: it lets query i see keys j >= i, the future. "
+                 "True should sit on and BELOW the diagonal (key j <= query i).")
+        if torch.equal(got, ~want):
+            fail("your mask is True where attention is forbidden. The convention is True = may "
+                 "attend: query i may see keys 0..i.")
+        if torch.equal(got, want & ~torch.eye(n, dtype=torch.bool)):
+            fail("your mask forbids the diagonal: a token may attend to itself (key j = i is "
+                 "allowed).")
+        if n > 1 and torch.equal(got, torch.ones(n, n, dtype=torch.bool).tril(1)):
+            fail("your mask is off by one diagonal: query i also sees key i + 1, one step into "
+                 "the future. The last key query i may see is key i itself.")
+        if not torch.equal(got, want):
+            fail(f"causal_mask({n}) is not lower-triangular with the diagonal: expected\n"
+                 f"{want.int()}\ngot\n{got.int()}")
+    return "causal_mask: True on and below the diagonal; no query sees a later key."
+
+
+causal_mask = Check(
+    id="ch04.causal_mask",
+    cases=_causal_cases,
+    run=lambda fn, n: call(fn, n, name="causal_mask"),
+    judge=_causal_judge,
+    forbid=((masks, "causal_mask"),),
+    hints=(
+        "Query i may look at keys 0..i and never at a later one: the answer depends only on "
+        "comparing two positions.",
+        "Build the row index of every query and the column index of every key, and compare them "
+        "with broadcasting; the result should be a boolean (n, n) tensor.",
+        "mask[i, j] = (j <= i): True on and below the diagonal (a lower-triangular matrix).",
+        f"The worked answer is exercise 1 of {SOLUTION}.",
+    ),
+    grade_ids=("ch04_causal_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 2
+
+def _padding_cases(seed: int, hidden: bool) -> list:
     cases = [([3, 1], 4), ([5], 5), ([2, 4, 0], 6)]
-    with forbid((masks, "padding_mask"), exercise="padding_mask"):
-        for lengths, n_keys in cases:
-            what = f"padding_mask({lengths}, {n_keys})"
-            value = call(fn, list(lengths), n_keys, name="padding_mask")
-            want = torch.arange(n_keys)[None, None, :] < torch.tensor(lengths)[:, None, None]
-            if isinstance(value, torch.Tensor) and tuple(value.shape) == (len(lengths), n_keys):
-                fail(f"{what} has shape {tuple(value.shape)}; expected (batch, 1, n_keys) = "
-                     f"{tuple(want.shape)}: add the middle axis (mask[:, None, :]) so it broadcasts over queries.")
-            got = _bool_result(value, what, tuple(want.shape))
-            if torch.equal(got, ~want):
-                fail("your mask is True on the padding. True = may attend: the first lengths[b] keys of "
-                     "sequence b are True, the padding after them False.")
-            if not torch.equal(got, want):
-                fail(f"{what} marks the wrong keys: expected\n{want.int()}\ngot\n{got.int()}")
-    passed("padding_mask: the first lengths[b] keys of sequence b, shape (batch, 1, n_keys).")
+    if hidden:
+        g = _generator(2, seed)
+        cases += [([2], 3), (torch.randint(0, 9, (5,), generator=g).tolist(), 9)]
+    return [{"lengths": lengths, "n_keys": n_keys} for lengths, n_keys in cases]
 
 
-def to_additive(fn) -> None:
-    """Exercise 3: to_additive(mask) -> float tensor, 0.0 where True and -inf where False."""
-    g = torch.Generator().manual_seed(5)
+def _padding_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        lengths, n_keys = case["lengths"], case["n_keys"]
+        what = f"padding_mask({lengths}, {n_keys})"
+        want = torch.arange(n_keys)[None, None, :] < torch.tensor(lengths)[:, None, None]
+        if isinstance(got, torch.Tensor) and tuple(got.shape) == (len(lengths), n_keys):
+            fail(f"{what} has shape {tuple(got.shape)}; expected (batch, 1, n_keys) = "
+                 f"{tuple(want.shape)}: add a middle axis of size 1 so it broadcasts over the "
+                 "queries.")
+        got = _bool_result(got, what, tuple(want.shape))
+        if torch.equal(got, ~want):
+            fail("your mask is True on the padding. True = may attend: the first lengths[b] keys "
+                 "of sequence b are True, the padding after them False.")
+        if not torch.equal(got, want):
+            fail(f"{what} marks the wrong keys: expected\n{want.int()}\ngot\n{got.int()}")
+    return "padding_mask: the first lengths[b] keys of sequence b, shape (batch, 1, n_keys)."
+
+
+padding_mask = Check(
+    id="ch04.padding_mask",
+    cases=_padding_cases,
+    run=lambda fn, case: call(fn, list(case["lengths"]), case["n_keys"], name="padding_mask"),
+    judge=_padding_judge,
+    forbid=((masks, "padding_mask"),),
+    hints=(
+        "A key is real when its position comes before its sequence's length; everything after "
+        "that is padding that no query may read.",
+        "Compare every key position 0..n_keys-1 with every sequence's length by broadcasting, "
+        "which gives (batch, n_keys); then add a middle axis of size 1 for the queries.",
+        "mask[b, 0, j] = (j < lengths[b]), shape (batch, 1, n_keys).",
+        f"The worked answer is exercise 2 of {SOLUTION}.",
+    ),
+    grade_ids=("ch04_padding_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 3
+
+def _additive_cases(seed: int, hidden: bool) -> list:
+    g = _generator(3, seed)
     cases = [torch.ones(3, 3, dtype=torch.bool).tril(), torch.rand(2, 4, 5, generator=g) > 0.4]
-    for mask in cases:
-        got = call(fn, mask.clone(), name="to_additive")
+    if hidden:
+        cases += [torch.tensor([True, False]), torch.zeros(2, 2, dtype=torch.bool)]
+    return cases
+
+
+def _additive_judge(cases: list, outcomes: list) -> str:
+    for mask, got in each(cases, outcomes):
         if isinstance(got, torch.Tensor) and not got.is_floating_point():
             fail(f"to_additive returned dtype {got.dtype}; the additive mask is a float tensor "
                  "(it is added to float scores).")
@@ -75,49 +142,98 @@ def to_additive(fn) -> None:
         want = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
         expect_shape(t, want.shape, "to_additive(mask)")
         if torch.isnan(t).any():
-            fail("to_additive contains NaN: 0 * -inf is NaN, so build it with masked_fill or torch.where, "
-                 "not by multiplying the mask by -inf.")
-        if torch.equal(t == 0, ~mask):
-            fail("your additive mask is 0 where the boolean mask is False. True (may attend) -> 0, "
-                 "False (blocked) -> -inf.")
-        if torch.equal(t == 0, mask) and not torch.isinf(t[~mask]).all():
+            fail("to_additive contains NaN: 0 * -inf is NaN, so do not build it by multiplying "
+                 "the mask by -inf; fill or select instead.")
+        if mask.any() and not mask.all() and torch.equal(t == 0, ~mask):
+            fail("your additive mask is 0 where the boolean mask is False. True (may attend) -> "
+                 "0, False (blocked) -> -inf.")
+        if (~mask).any() and torch.equal(t == 0, mask) and not torch.isinf(t[~mask]).all():
             fail(f"blocked entries hold {float(t[~mask].max()):.3g}, not -inf. Use float('-inf'): "
-                 "exp(-inf) is exactly 0, and a large finite number leaves a fully masked row uniform.")
+                 "exp(-inf) is exactly 0, and a large finite number leaves a fully masked row "
+                 "uniform.")
         expect_close(t, want, "to_additive(mask)", atol=0, rtol=0,
-                     hint="torch.zeros(mask.shape).masked_fill(~mask, float('-inf')).")
-    passed("to_additive: 0 where attention is allowed, -inf where it is blocked.")
+                     hint="0.0 where the mask is True, -inf where it is False.")
+    return "to_additive: 0 where attention is allowed, -inf where it is blocked."
 
 
-def masked_softmax(fn) -> None:
-    """Exercise 4: masked_softmax(scores, mask) -> weights: 0 on masked keys, all-zero fully masked rows."""
-    g = torch.Generator().manual_seed(6)
+to_additive = Check(
+    id="ch04.to_additive",
+    cases=_additive_cases,
+    run=lambda fn, mask: call(fn, mask, name="to_additive"),
+    judge=_additive_judge,
+    hints=(
+        "An additive mask is added to the scores: it must leave allowed scores alone and push "
+        "blocked ones to where exp gives exactly zero.",
+        "Start from a float tensor of zeros shaped like the mask and put minus infinity where the "
+        "mask is False; multiplying by -inf would make 0 * -inf = NaN.",
+        "additive = 0.0 where mask else float('-inf'): a fill (or torch.where) on ~mask.",
+        f"The worked answer is exercise 3 of {SOLUTION}.",
+    ),
+    grade_ids=("ch04_additive_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 4
+
+def _masked_softmax_cases(seed: int, hidden: bool) -> list:
+    g = _generator(4, seed)
     scores = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
     random_mask = torch.rand(2, 4, 5, generator=g) > 0.4
     random_mask[0, 1] = False  # one query with every key masked
     random_mask[1, 2] = True
     cases = [
-        (torch.randn(4, 4, generator=g, dtype=torch.float64), torch.ones(4, 4, dtype=torch.bool).tril()),
+        (torch.randn(4, 4, generator=g, dtype=torch.float64),
+         torch.ones(4, 4, dtype=torch.bool).tril()),
         (scores, random_mask),
-        (torch.tensor([[1e4, -1e4, 5.0]], dtype=torch.float64), torch.tensor([[False, True, True]])),
+        (torch.tensor([[1e4, -1e4, 5.0]], dtype=torch.float64),
+         torch.tensor([[False, True, True]])),
     ]
-    with forbid((attention, "softmax"), (attention, "scaled_dot_product_attention"), exercise="masked_softmax"):
-        for s, mask in cases:
-            got = call(fn, s.clone(), mask.clone(), name="masked_softmax")
-            want = _softmax(s.masked_fill(~mask, float("-inf")))
-            t = to_tensor(got, "masked_softmax(scores, mask)", dtype=torch.float64)
-            expect_shape(t, want.shape, "masked_softmax(scores, mask)")
-            dead = ~mask.any(dim=-1)  # (…,) rows with no key allowed
-            if not torch.isfinite(t).all():
-                where = "in a fully masked row" if (~torch.isfinite(t))[dead].any() else "in the weights"
-                fail(f"masked_softmax gives NaN/inf {where}. When every key of a row is masked, the max is "
-                     "-inf and exp(-inf - (-inf)) = exp(NaN): return zeros for such rows (torch.where on "
-                     "mask.any(dim=-1)).")
-            if dead.any() and (t[dead] != 0).any():
-                fail("a row whose keys are all masked should get all-zero weights (it has nothing to attend "
-                     "to), not a uniform or other distribution.")
-            if (t[~mask.expand_as(t)] != 0).any():
-                fail("some masked keys get non-zero weight: set their scores to -inf BEFORE the softmax, "
-                     "so exp gives exactly 0.")
-            expect_close(t, want, "masked_softmax(scores, mask)", atol=1e-9, rtol=1e-7,
-                         hint="fill masked scores with -inf, subtract the row max, exp, divide by the row sum.")
-    passed("masked_softmax: exact zeros on masked keys, zero rows instead of NaN.")
+    if hidden:
+        cases += [(torch.zeros(2, 3, dtype=torch.float64),
+                   torch.tensor([[True, True, False], [False, False, False]])),
+                  (torch.randn(3, 6, generator=g, dtype=torch.float64) * 1e3,
+                   torch.rand(3, 6, generator=g) > 0.5)]
+    return [{"scores": s, "mask": m} for s, m in cases]
+
+
+def _masked_softmax_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        s, mask = case["scores"], case["mask"]
+        want = _softmax(s.masked_fill(~mask, float("-inf")))
+        t = to_tensor(got, "masked_softmax(scores, mask)", dtype=torch.float64)
+        expect_shape(t, want.shape, "masked_softmax(scores, mask)")
+        full_mask = mask.expand_as(want)
+        dead = ~full_mask.any(dim=-1)  # rows with no key allowed
+        if not torch.isfinite(t).all():
+            bad_rows = (~torch.isfinite(t))[dead]
+            where = "in a fully masked row" if bad_rows.any() else "in the weights"
+            fail(f"masked_softmax gives NaN/inf {where}. When every key of a row is masked, the "
+                 "max is -inf and -inf - (-inf) is NaN: such rows must come out as zeros.")
+        if dead.any() and (t[dead] != 0).any():
+            fail("a row whose keys are all masked should get all-zero weights (it has nothing to "
+                 "attend to), not a uniform or other distribution.")
+        if (t[~full_mask] != 0).any():
+            fail("some masked keys get non-zero weight: block their scores BEFORE the softmax, so "
+                 "exp gives exactly 0.")
+        expect_close(t, want, "masked_softmax(scores, mask)", atol=1e-9, rtol=1e-7,
+                     hint="block the masked scores, then a stable softmax over the last axis.")
+    return "masked_softmax: exact zeros on masked keys, zero rows instead of NaN."
+
+
+masked_softmax = Check(
+    id="ch04.masked_softmax",
+    cases=_masked_softmax_cases,
+    run=lambda fn, case: call(fn, case["scores"], case["mask"], name="masked_softmax"),
+    judge=_masked_softmax_judge,
+    forbid=((attention, "softmax"), (attention, "scaled_dot_product_attention")),
+    hints=(
+        "Masked keys must get weight exactly 0, and a row with no allowed key has nothing to "
+        "normalise: it should come out as zeros, not NaN.",
+        "Block the masked scores with minus infinity before exponentiating. A fully masked row's "
+        "max is then -inf: subtract 0 there instead, and never divide by a zero total.",
+        "s = scores with -inf where ~mask; m = row max (0 where it is -inf); e = exp(s - m); "
+        "w = e / total, with total replaced by 1 where it is 0.",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
+    ),
+    grade_ids=("ch04_masked_softmax_test",),
+)
