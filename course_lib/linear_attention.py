@@ -19,39 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.validate import check_count, check_float_tensor, check_qkv
+
 __all__ = ["feature_map", "linear_attention", "linear_attention_recurrent", "state_bytes"]
-
-
-def _check_float(x, name: str, min_ndim: int = 1) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of shape (..., n, d), "
-                         f"got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype} with shape "
-                         f"{tuple(x.shape)}; convert it with {name}.float()")
-    if x.ndim < min_ndim:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}, wanted at least {min_ndim} dims "
-                         f"(..., n, d)")
-
-
-def _check_qkv(q, k, v, causal: bool) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_float(t, name, min_ndim=2)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k and v must share one dtype: q is {q.dtype}, k is {k.dtype}, "
-                         f"v is {v.dtype}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q has d={q.shape[-1]} but k has d={k.shape[-1]} "
-                         f"(q {tuple(q.shape)}, k {tuple(k.shape)}; both want (..., n, d))")
-    if k.shape[-2] != v.shape[-2] or k.shape[-2] < 1:
-        raise ValueError(f"k has n_k={k.shape[-2]} keys but v has {v.shape[-2]} values "
-                         f"(k {tuple(k.shape)}, v {tuple(v.shape)}; want one value per key, >= 1)")
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"the leading (batch, head) dims must match: q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if causal and q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal linear attention needs as many queries as keys, got "
-                         f"q {tuple(q.shape)} and k {tuple(k.shape)}")
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +31,7 @@ def feature_map(x: torch.Tensor) -> torch.Tensor:
     (elu(x) = exp(x) - 1 is -1 to float32's precision there), and a zero weight row would divide
     0 by 0.
     """
-    _check_float(x, "x")
+    check_float_tensor(x, "x", "(..., d)", min_ndim=1)
     return torch.where(x > 0, x + 1, torch.exp(x.clamp(max=0)))
 
 
@@ -74,7 +44,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     masked like softmax attention's, cost ~ n²·d; `linear_attention_recurrent` gives the same
     outputs from a running state instead.
     """
-    _check_qkv(q, k, v, causal)
+    check_qkv(q, k, v, causal=causal)
     fq, fk = feature_map(q), feature_map(k)                    # (..., n_q, d), (..., n_k, d)
     if causal:
         n = q.shape[-2]
@@ -97,9 +67,10 @@ def linear_attention_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     tokens as after 10 million; a KV cache grows by one key and one value per token. With
     return_state=True also returns the final (S, z): (..., d, d_v) and (..., d).
     """
-    _check_qkv(q, k, v, causal=True)
+    *lead, n, _ = check_qkv(q, k, v, causal=True)
+    q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))  # shared batch/head dims
     fq, fk = feature_map(q), feature_map(k)                    # (..., n, d)
-    lead, n, d, d_v = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
+    d, d_v = q.shape[-1], v.shape[-1]
     state = q.new_zeros(*lead, d, d_v)                         # S: (..., d, d_v)
     z = q.new_zeros(*lead, d)                                  # z: (..., d)
     outs = []
@@ -115,7 +86,5 @@ def linear_attention_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 def state_bytes(d: int, d_v: int, bytes_per_element: int = 4) -> int:
     """Bytes of one head's recurrent state (S and z): (d·d_v + d) numbers, whatever the length."""
-    for name, value in (("d", d), ("d_v", d_v), ("bytes_per_element", bytes_per_element)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return (d * d_v + d) * bytes_per_element
+    d, d_v = check_count(d, "d"), check_count(d_v, "d_v")
+    return (d * d_v + d) * check_count(bytes_per_element, "bytes_per_element")
