@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import torch
 
+from course_lib.measure import set_threads
+
 
 def seed_everything(seed: int = 0) -> None:
     """Seed Python, NumPy and PyTorch so every notebook prints the same numbers on every run."""
@@ -28,7 +30,7 @@ def setup_notebook(seed: int = 0, threads: int = 1) -> None:
     Benchmarks that compare against multi-threaded code set their own thread count.
     """
     seed_everything(seed)
-    torch.set_num_threads(threads)
+    set_threads(threads)
     torch.set_printoptions(precision=4, sci_mode=False)
     np.set_printoptions(precision=4, suppress=True)
     try:
@@ -44,13 +46,18 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def triton_available() -> bool:
+    """Whether the `triton` package is importable here (never touches its GPU driver)."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def triton_status() -> str:
     """One line saying how chapter 08's Triton kernel will run here.
 
     Never touches `triton.runtime.driver` (that fails without a GPU driver); only asks whether
     the package is installed and whether CUDA is available.
     """
-    if importlib.util.find_spec("triton") is None:
+    if not triton_available():
         return "not installed (Linux only): chapter 08 runs its pure-torch tiled reference instead"
     if torch.cuda.is_available():
         return "installed, compiled kernels on " + torch.cuda.get_device_name(0)

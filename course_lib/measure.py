@@ -1,4 +1,8 @@
-"""Measuring the price: wall time, and the peak memory torch allocates while a call runs.
+"""Measuring: wall time, the peak memory torch allocates while a call runs, and thread counts.
+
+    best_time(fn, repeats=3)      best wall-clock seconds of fn() (every benchmark's one timer)
+    peak_bytes(fn)                largest bytes torch held at once while fn() ran
+    set_threads(n) / threads(n)   torch's CPU thread count, set (for a notebook) or for a block
 
 Peak memory on the CPU comes from torch's own profiler: with `profile_memory=True` it records
 every allocation and free of torch's CPU allocator (with its size and time). Adding them up in
@@ -14,11 +18,11 @@ import contextlib
 import os
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["peak_bytes", "best_time"]
+__all__ = ["peak_bytes", "best_time", "set_threads", "threads"]
 
 
 def peak_bytes(fn: Callable[[], object]) -> int:
@@ -84,3 +88,25 @@ def best_time(fn: Callable[[], object], repeats: int = 3, warmup: int = 1,
         if max_seconds is not None and spent > max_seconds:
             break
     return best
+
+
+def set_threads(n: int | None) -> int:
+    """Use n intra-op CPU threads from now on (None: leave torch's setting); return the old count.
+
+    One thread makes float sums add up in one fixed order whatever the machine's core count, and
+    for the course's small tensors it is also about the fastest.
+    """
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    return before
+
+
+@contextlib.contextmanager
+def threads(n: int | None):
+    """Run the block on n intra-op CPU threads (None: torch's current setting), then restore."""
+    before = set_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

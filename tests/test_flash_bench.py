@@ -6,8 +6,9 @@ import sys
 
 import torch
 
+import course_lib.flash.measure as flash_measure
 from course_lib.flash import bench
-from course_lib.flash.measure import best_time, peak_bytes
+from course_lib.measure import best_time, peak_bytes, set_threads, threads
 
 
 def test_peak_bytes_sees_torch_allocations():
@@ -18,6 +19,46 @@ def test_peak_bytes_sees_torch_allocations():
 
 def test_best_time_is_a_positive_number():
     assert 0 < best_time(lambda: sum(range(1000)), repeats=2) < 1
+
+
+def test_best_time_calls_warmup_then_repeats():
+    calls = []
+    assert best_time(lambda: calls.append(1), repeats=4, warmup=2) >= 0
+    assert len(calls) == 6
+
+
+def test_threads_sets_the_count_inside_and_restores_it_after():
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    with threads(other):
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == before
+    with threads(None):                      # None: leave torch's setting alone
+        assert torch.get_num_threads() == before
+    try:
+        with threads(other):
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert torch.get_num_threads() == before  # restored on an error too
+    assert set_threads(other) == before and torch.get_num_threads() == other
+    set_threads(before)
+
+
+def test_one_triton_detection():
+    """course_lib.flash.triton_available is course_lib.env's, and it agrees with importlib."""
+    import importlib.util
+
+    import course_lib.env as env
+    import course_lib.flash as flash
+
+    assert flash.triton_available is env.triton_available
+    assert env.triton_available() == (importlib.util.find_spec("triton") is not None)
+
+
+def test_flash_measure_is_the_same_timer():
+    """Chapter 08 imports course_lib.flash.measure; it is the one timer, not a copy."""
+    assert flash_measure.best_time is best_time and flash_measure.peak_bytes is peak_bytes
 
 
 def test_run_cpu_rows_and_summary():

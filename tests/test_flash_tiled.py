@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.flash import naive_attention, tiled_attention
-from course_lib.flash.measure import peak_bytes
+from course_lib.measure import peak_bytes
 
 TOL = {torch.float64: (1e-10, 1e-8), torch.float32: (2e-5, 1e-4),
        torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.5e-2, 1.5e-2)}
@@ -95,10 +95,10 @@ def test_tiled_never_builds_the_grid():
 
 @pytest.mark.parametrize("args, match", [
     ((torch.randn(4, 8), torch.randn(4, 6), torch.randn(4, 6)), r"q has d_k=8 but k has d_k=6"),
-    ((torch.randn(2, 4, 8), torch.randn(3, 4, 8), torch.randn(3, 4, 8)), r"leading .* must match"),
+    ((torch.randn(2, 4, 8), torch.randn(3, 4, 8), torch.randn(3, 4, 8)), r"leading .* do not broadcast"),
     ((torch.randn(4, 8), torch.randn(5, 8), torch.randn(6, 8)), r"k has n_k=5 keys but v has 6"),
     ((torch.randn(4, 8), torch.randn(4, 8).double(), torch.randn(4, 8)), r"share one dtype"),
-    ((torch.randn(8), torch.randn(4, 8), torch.randn(4, 8)), r"q must have shape \(\.\.\., n, d\), got \(8,\)"),
+    ((torch.randn(8), torch.randn(4, 8), torch.randn(4, 8)), r"q has shape \(8,\), wanted \(\.\.\., n_q, d_k\)"),
     ((torch.ones(4, 8, dtype=torch.long),) * 3, r"floating-point"),
     (([[1.0]], torch.randn(4, 8), torch.randn(4, 8)), r"q must be a torch.Tensor, got list"),
     ((torch.randn(0, 8), torch.randn(4, 8), torch.randn(4, 8)), r"at least one query"),
@@ -106,6 +106,19 @@ def test_tiled_never_builds_the_grid():
 def test_tiled_rejects_bad_inputs(args, match):
     with pytest.raises(ValueError, match=match):
         tiled_attention(*args)
+
+
+@pytest.mark.parametrize("attention", [tiled_attention, naive_attention])
+def test_leading_dims_broadcast_like_sdpa(attention):
+    """The course's one rule for q, k, v: leading (batch/head) dims broadcast, as in SDPA."""
+    torch.manual_seed(4)
+    q = torch.randn(2, 3, 20, 16)
+    k, v = torch.randn(1, 3, 24, 16), torch.randn(1, 3, 24, 8)   # shared over the batch
+    out = attention(q, k, v, causal=False)
+    out = out[0] if isinstance(out, tuple) else out
+    want = F.scaled_dot_product_attention(q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1))
+    assert out.shape == (2, 3, 20, 8)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
 
 
 def test_tiled_rejects_bad_options():
@@ -116,7 +129,7 @@ def test_tiled_rejects_bad_options():
         with pytest.raises(ValueError, match="block_size must be a positive int"):
             tiled_attention(q, q, q, block_size=bad)
     for bad in (0.0, -1.0, math.nan, "0.1"):
-        with pytest.raises(ValueError, match="scale must be a positive finite number"):
+        with pytest.raises(ValueError, match="scale must be a finite number > 0"):
             tiled_attention(q, q, q, scale=bad)
 
 

@@ -7,6 +7,7 @@ same tests run compiled (tools/gpu_check.sh).
 """
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -124,7 +125,10 @@ def test_clear_error_without_triton(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter notice is for CPU-only machines")
 def test_interpreter_notice_is_one_line_once(monkeypatch, capsys):
     monkeypatch.setattr(flash, "_NOTICE_SHOWN", False)
+    # prepare_triton sets TRITON_INTERPRET; monkeypatch puts the variable back as it was after
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert flash.prepare_triton() is True
+    assert os.environ["TRITON_INTERPRET"] == "1"
     assert flash.prepare_triton() is True
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "interpreter" in lines[0]

@@ -17,12 +17,13 @@ the first kernel call says so in one line. Triton ships for Linux only; elsewher
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 
 import torch
 
-from course_lib.flash.tiled import check_qkv, naive_attention, tiled_attention
+from course_lib.env import triton_available
+from course_lib.flash.tiled import naive_attention, tiled_attention
+from course_lib.validate import check_attention
 
 __all__ = ["tiled_attention", "flash_attention", "flash_attention_forward", "naive_attention",
            "triton_available", "prepare_triton", "interpreter_ready", "load_kernels", "KERNEL_HEAD_DIMS",
@@ -40,11 +41,6 @@ if not torch.cuda.is_available():
 
 class TritonUnavailableError(RuntimeError):
     """Triton is not installed here (it ships wheels for Linux only)."""
-
-
-def triton_available() -> bool:
-    """Whether the `triton` package is importable here (never touches its GPU driver)."""
-    return importlib.util.find_spec("triton") is not None
 
 
 def prepare_triton(quiet: bool = False, interpret: bool | None = None) -> bool:
@@ -90,21 +86,24 @@ def load_kernels():
 
 
 def _check_kernel_inputs(q, k, v, causal, scale):
-    check_qkv(q, k, v, causal, scale, who="flash_attention")
+    """The course's attention checks, then what the kernel adds; returns q, k, v with their
+    leading (batch, head) dims broadcast to one shape."""
+    *lead, _, _ = check_attention(q, k, v, scale=scale, causal=causal)
     d = q.shape[-1]
     if d not in KERNEL_HEAD_DIMS:
-        raise ValueError(f"flash_attention: head dim d={d} (q {tuple(q.shape)}) is not supported; "
-                         f"the kernel wants d in {KERNEL_HEAD_DIMS} (a power of 2 from 16 to 128): "
-                         "pad the head dim with zeros, or use tiled_attention")
+        raise ValueError(f"q has head dim d={d} (q {tuple(q.shape)}), not supported by the "
+                         f"flash_attention kernel, which wants d in {KERNEL_HEAD_DIMS} (a power of "
+                         "2 from 16 to 128): pad the head dim with zeros, or use tiled_attention")
     if v.shape[-1] != d:
-        raise ValueError(f"flash_attention: v has d_v={v.shape[-1]} but q has d={d} "
-                         f"(v {tuple(v.shape)}, q {tuple(q.shape)}); the kernel wants them equal")
+        raise ValueError(f"v has d_v={v.shape[-1]} but q has d={d} (v {tuple(v.shape)}, "
+                         f"q {tuple(q.shape)}): the flash_attention kernel wants them equal")
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"flash_attention: dtype {q.dtype} is not supported; use float32, "
-                         "float16 or bfloat16")
+        raise ValueError(f"q's dtype {q.dtype} is not supported by the flash_attention kernel: "
+                         "use float32, float16 or bfloat16")
     if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"flash_attention: tensors on {q.device} are not supported; use cuda "
-                         "(compiled) or cpu (interpreter)")
+        raise ValueError(f"q is on {q.device}, not supported by the flash_attention kernel: use "
+                         "cuda (compiled) or cpu (interpreter)")
+    return tuple(t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))
 
 
 def _check_device(q, kernel) -> None:
@@ -123,7 +122,7 @@ def flash_attention(q, k, v, causal: bool = False, scale=None) -> torch.Tensor:
     Any n (the ragged last block is masked). causal=True masks future keys (needs n_q == n_k).
     Compiled on CUDA; on a CPU through Triton's interpreter (slow: keep n small).
     """
-    _check_kernel_inputs(q, k, v, causal, scale)
+    q, k, v = _check_kernel_inputs(q, k, v, causal, scale)
     kernel = load_kernels()
     _check_device(q, kernel)
     sm_scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -132,7 +131,7 @@ def flash_attention(q, k, v, causal: bool = False, scale=None) -> torch.Tensor:
 
 def flash_attention_forward(q, k, v, causal: bool = False, scale=None):
     """The forward kernel alone, no autograd: returns (out, logsumexp) like tiled_attention."""
-    _check_kernel_inputs(q, k, v, causal, scale)
+    q, k, v = _check_kernel_inputs(q, k, v, causal, scale)
     kernel = load_kernels()
     _check_device(q, kernel)
     sm_scale = q.shape[-1] ** -0.5 if scale is None else float(scale)

@@ -4,8 +4,8 @@
     python -m course_lib.flash.bench --device cuda   # GPU: TFLOP/s of flash_attention vs SDPA
 
 CPU: for each n, wall time (best of a few, the methods measured in turn so a busy machine slows
-them alike; fewer repeats once a call takes seconds) and peak extra memory (torch's profiler, see `measure.py`) for one head, d = 64,
-float32. GPU: TFLOP/s forward and backward, FLOPs = 4·B·H·n²·d (halved when causal, ×2.5 for the
+them alike; fewer repeats once a call takes seconds) and peak extra memory (torch's profiler, see
+`course_lib/measure.py`) for one head, d = 64, float32. GPU: TFLOP/s forward and backward, FLOPs = 4·B·H·n²·d (halved when causal, ×2.5 for the
 backward pass), float16 and bfloat16, d in {64, 128}, causal and not; plus a bf16 matmul's rate
 for scale. Both print a table and save a CSV (default under bench-results/, which git ignores).
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from course_lib.flash.measure import best_time, peak_bytes
 from course_lib.flash.tiled import naive_attention, tiled_attention
+from course_lib.measure import best_time, peak_bytes, threads
 
 CPU_SIZES = (1024, 2048, 4096, 8192)
 GPU_SIZES = (1024, 2048, 4096, 8192, 16384)
@@ -303,22 +303,21 @@ def main(argv=None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA GPU")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     csv_path = args.csv or Path("bench-results") / f"flash_{device}.csv"
-    print(environment_line(device))
-    if device == "cpu":
-        sizes = args.sizes or ((256, 512, 1024) if args.quick else CPU_SIZES)
-        rows = run_cpu(sizes, block_size=args.block_size, repeats=args.repeats,
-                       progress=not args.no_progress)
-        print(format_table(rows, CPU_COLUMNS, markdown=args.markdown))
-        print(cpu_summary(rows))
-    else:
-        sizes = args.sizes or ((1024, 4096) if args.quick else GPU_SIZES)
-        rate = matmul_tflops()
-        rows = run_gpu(sizes, progress=not args.no_progress)
-        print(format_table(rows, GPU_COLUMNS, markdown=args.markdown))
-        print(gpu_summary(rows, rate))
+    with threads(args.threads or None):
+        print(environment_line(device))
+        if device == "cpu":
+            sizes = args.sizes or ((256, 512, 1024) if args.quick else CPU_SIZES)
+            rows = run_cpu(sizes, block_size=args.block_size, repeats=args.repeats,
+                           progress=not args.no_progress)
+            print(format_table(rows, CPU_COLUMNS, markdown=args.markdown))
+            print(cpu_summary(rows))
+        else:
+            sizes = args.sizes or ((1024, 4096) if args.quick else GPU_SIZES)
+            rate = matmul_tflops()
+            rows = run_gpu(sizes, progress=not args.no_progress)
+            print(format_table(rows, GPU_COLUMNS, markdown=args.markdown))
+            print(gpu_summary(rows, rate))
     print(f"saved {save_csv(rows, csv_path)}")
     return 0
 
