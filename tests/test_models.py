@@ -195,9 +195,9 @@ def test_forward_with_cache_matches_forward_without():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(d_model=30, num_heads=4), r"d_model=30 does not split into num_heads=4"),
     (dict(d_model=12, num_heads=4), r"d_head = d_model / num_heads = 3.*must be even"),
-    (dict(vocab_size=0), r"vocab_size must be an integer >= 1, got 0"),
-    (dict(max_len=2.5), r"max_len must be an integer"),
-    (dict(num_layers=True), r"num_layers must be an integer"),
+    (dict(vocab_size=0), r"vocab_size must be a positive integer, got 0"),
+    (dict(max_len=2.5), r"max_len must be a positive integer, got 2.5 \(float\)"),
+    (dict(num_layers=True), r"num_layers must be a positive integer, got True \(bool\)"),
 ])
 def test_constructor_bad_input(kwargs, match):
     args = dict(vocab_size=10, d_model=16, num_heads=2, num_layers=1, max_len=8) | kwargs
@@ -255,7 +255,7 @@ def test_cache_misuse():
     model(torch.zeros(2, 3, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="lengths belongs to the first call"):
         model(torch.zeros(2, 1, dtype=torch.long), lengths=[1, 1], cache=cache)
-    with pytest.raises(ValueError, match="batch must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="batch must be a positive integer, got 0"):
         model.new_cache(0)
 
 

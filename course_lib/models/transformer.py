@@ -20,22 +20,16 @@ need the per-sequence count.) `pad_prompts` builds `idx` and `lengths` from list
 
 from __future__ import annotations
 
-from numbers import Integral
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from course_lib.attention import scaled_dot_product_attention
+from course_lib.masks import causal_mask
+from course_lib.multihead import merge_heads, split_heads
 from course_lib.position import apply_rope
-
-
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
-    return int(value)
+from course_lib.validate import check_count
 
 
 def kv_cache_bytes(num_layers: int, num_heads: int, n: int, d_head: int,
@@ -103,18 +97,17 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         """x: (B, t, d_model), positions: (B, t), mask: (B, 1, t, S) with S keys -> (B, t, d_model)."""
-        B, t, d_model = x.shape
+        d_model = x.shape[-1]
         q, k, v = self.qkv(x).split(d_model, dim=-1)  # (B, t, d_model) each
-        q = q.view(B, t, self.num_heads, self.d_head).transpose(1, 2)  # (B, heads, t, d_head)
-        k = k.view(B, t, self.num_heads, self.d_head).transpose(1, 2)  # (B, heads, t, d_head)
-        v = v.view(B, t, self.num_heads, self.d_head).transpose(1, 2)  # (B, heads, t, d_head)
+        q = split_heads(q, self.num_heads)  # (B, heads, t, d_head): chapter 05's split
+        k = split_heads(k, self.num_heads)  # (B, heads, t, d_head)
+        v = split_heads(v, self.num_heads)  # (B, heads, t, d_head)
         q = apply_rope(q, positions[:, None, :])  # each sequence's own positions, every head
         k = apply_rope(k, positions[:, None, :])  # keys are cached already rotated
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, heads, S, d_head): the past and the new tokens
         out, _ = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, heads, t, d_head)
-        out = out.transpose(1, 2).reshape(B, t, d_model)  # heads side by side again
-        return self.proj(out)
+        return self.proj(merge_heads(out))  # (B, t, d_model): heads side by side again
 
 
 class Block(nn.Module):
@@ -142,11 +135,11 @@ class TinyTransformer(nn.Module):
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, max_len: int):
         super().__init__()
-        vocab_size = _check_int(vocab_size, "vocab_size", 1)
-        d_model = _check_int(d_model, "d_model", 2)
-        num_heads = _check_int(num_heads, "num_heads", 1)
-        num_layers = _check_int(num_layers, "num_layers", 1)
-        max_len = _check_int(max_len, "max_len", 1)
+        vocab_size = check_count(vocab_size, "vocab_size")
+        d_model = check_count(d_model, "d_model", minimum=2)
+        num_heads = check_count(num_heads, "num_heads")
+        num_layers = check_count(num_layers, "num_layers")
+        max_len = check_count(max_len, "max_len")
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} does not split into num_heads={num_heads} equal heads")
         if (d_model // num_heads) % 2:
@@ -194,8 +187,8 @@ class TinyTransformer(nn.Module):
 
     def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
         """An empty KV cache for `batch` sequences of up to `capacity` (default max_len) tokens."""
-        batch = _check_int(batch, "batch", 1)
-        capacity = self.max_len if capacity is None else _check_int(capacity, "capacity", 1)
+        batch = check_count(batch, "batch")
+        capacity = self.max_len if capacity is None else check_count(capacity, "capacity")
         p = self.lm_head.weight
         return KVCache(self.num_layers, batch, self.num_heads, capacity, self.d_head, p.dtype, p.device)
 
@@ -228,7 +221,7 @@ class TinyTransformer(nn.Module):
         q_cols = torch.arange(start, start + T, device=idx.device)  # columns of the new tokens
         k_cols = torch.arange(start + T, device=idx.device)  # columns of every key
         positions = (q_cols[None, :] - pad[:, None]).clamp(min=0)  # (B, T): counted per sequence
-        causal = k_cols[None, :] <= q_cols[:, None]  # (T, S): no looking ahead
+        causal = causal_mask(start + T, device=idx.device)[start:]  # (T, S): no looking ahead
         real = k_cols[None, :] >= pad[:, None]  # (B, S): padding is never attended to
         itself = k_cols[None, :] == q_cols[:, None]  # (T, S): a pad query sees itself, so no row is empty
         mask = (causal[None] & (real[:, None, :] | itself[None]))[:, None]  # (B, 1, T, S)
@@ -255,7 +248,7 @@ class TinyTransformer(nn.Module):
         """
         one = isinstance(idx, torch.Tensor) and idx.ndim == 1
         idx = self._check_idx(idx[None] if one else idx)
-        max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 0)
+        max_new_tokens = check_count(max_new_tokens, "max_new_tokens", minimum=0)
         B, T = idx.shape
         if T + max_new_tokens > self.max_len:
             raise ValueError(f"prompt of T={T} tokens + max_new_tokens={max_new_tokens} = "
