@@ -11,17 +11,20 @@ Everything position t knows about positions < t has to fit in h_{t-1}.
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.nn as nn
 
+from course_lib.measure import best_time
+from course_lib.measure import threads as cpu_threads
+from course_lib.validate import check_count, wrong_shape
+
 
 def _check_3d(x: torch.Tensor, name: str, d: int, what: str) -> None:
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} should be a torch.Tensor, got {type(x).__name__}")
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 3 or x.shape[-1] != d:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}, wanted (batch, n, {what}={d})")
+        raise wrong_shape(name, x, f"(batch, n, {what}={d})")
 
 
 def rnn_step(x_t: torch.Tensor, h: torch.Tensor, W_xh: torch.Tensor, W_hh: torch.Tensor,
@@ -50,9 +53,7 @@ class RunningSummaryRNN(nn.Module):
 
     def __init__(self, d_in: int, d_hidden: int):
         super().__init__()
-        if d_in < 1 or d_hidden < 1:
-            raise ValueError(f"d_in and d_hidden should be positive, got d_in={d_in}, d_hidden={d_hidden}")
-        self.d_in, self.d_hidden = d_in, d_hidden
+        self.d_in, self.d_hidden = check_count(d_in, "d_in"), check_count(d_hidden, "d_hidden")
         bound = 1 / math.sqrt(d_hidden)  # the initialisation torch.nn.RNN uses
         self.W_xh = nn.Parameter(torch.empty(d_hidden, d_in).uniform_(-bound, bound))
         self.W_hh = nn.Parameter(torch.empty(d_hidden, d_hidden).uniform_(-bound, bound))
@@ -64,7 +65,7 @@ class RunningSummaryRNN(nn.Module):
         batch, n, _ = x.shape
         h = x.new_zeros(batch, self.d_hidden) if h0 is None else h0  # (batch, d_hidden)
         if h.shape != (batch, self.d_hidden):
-            raise ValueError(f"h0 has shape {tuple(h.shape)}, wanted ({batch}, {self.d_hidden})")
+            raise wrong_shape("h0", h, f"({batch}, {self.d_hidden})")
         outputs = []
         for t in range(n):  # serial: step t needs the summary of step t-1
             h = rnn_step(x[:, t], h, self.W_xh, self.W_hh, self.b_xh + self.b_hh)
@@ -72,7 +73,7 @@ class RunningSummaryRNN(nn.Module):
         return torch.stack(outputs, dim=1), h  # (batch, n, d_hidden), (batch, d_hidden)
 
     @torch.no_grad()
-    def load_torch_weights(self, rnn: nn.RNN) -> "RunningSummaryRNN":
+    def load_torch_weights(self, rnn: nn.RNN) -> RunningSummaryRNN:
         """Copy the weights of a one-layer, tanh, unidirectional `torch.nn.RNN` with biases."""
         if not isinstance(rnn, nn.RNN):
             raise ValueError(f"rnn should be a torch.nn.RNN, got {type(rnn).__name__}")
@@ -100,7 +101,7 @@ def gradient_vs_distance(fn, x: torch.Tensor) -> torch.Tensor:
     gradient across a distance of k positions.
     """
     if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[0] != 1:
-        raise ValueError(f"x has shape {tuple(getattr(x, 'shape', ()))}, wanted (1, n, d)")
+        raise wrong_shape("x", x, "(1, n, d)")
     n = x.shape[1]
     x = x.detach().clone().requires_grad_(True)
     out = fn(x)
@@ -115,22 +116,11 @@ def gradient_vs_distance(fn, x: torch.Tensor) -> torch.Tensor:
 
 def state_memory(n: int, d: int, num_layers: int = 1, bytes_per_number: int = 4) -> dict[str, int]:
     """Numbers (and bytes) kept about the past after n positions: RNN summary vs attention's K and V."""
-    if n < 1 or d < 1 or num_layers < 1:
-        raise ValueError(f"n, d and num_layers should be positive, got n={n}, d={d}, num_layers={num_layers}")
+    n, d, num_layers = check_count(n, "n"), check_count(d, "d"), check_count(num_layers, "num_layers")
     rnn = d * num_layers
     kv = 2 * n * d * num_layers
     return {"n": n, "rnn_numbers": rnn, "attention_numbers": kv,
             "rnn_bytes": rnn * bytes_per_number, "attention_bytes": kv * bytes_per_number}
-
-
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 @torch.no_grad()
@@ -146,19 +136,14 @@ def benchmark_serial_vs_parallel(ns=(16, 32, 64, 128, 256, 512), d: int = 64, ba
     from course_lib.attention import scaled_dot_product_attention
 
     if not ns or any(not isinstance(n, int) or n < 1 for n in ns):
-        raise ValueError(f"ns should be positive sequence lengths, got {ns!r}")
-    was = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+        raise ValueError(f"ns must be positive sequence lengths, got {ns!r}")
+    with cpu_threads(threads):
         torch.manual_seed(seed)
         rnn = RunningSummaryRNN(d, d)
         rows = []
         for n in ns:
             x = torch.randn(batch, n, d)
-            rnn_s = _time(lambda: rnn(x), repeats)
-            attn_s = _time(lambda: scaled_dot_product_attention(x, x, x), repeats)
+            rnn_s = best_time(lambda x=x: rnn(x), repeats)
+            attn_s = best_time(lambda x=x: scaled_dot_product_attention(x, x, x), repeats)
             rows.append({"n": n, "rnn_ms": 1e3 * rnn_s, "attention_ms": 1e3 * attn_s})
-    finally:
-        torch.set_num_threads(was)
     return rows

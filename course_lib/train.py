@@ -11,13 +11,16 @@ do not count. The same seed gives bit-identical weights on the same machine.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+
+from course_lib.measure import threads as cpu_threads
+from course_lib.validate import check_count, check_number
 
 IGNORE_INDEX = -100
 
@@ -49,15 +52,13 @@ def deterministic(threads: int | None = 1):
     for models this small it is also the fastest: splitting a 32-wide matmul across threads costs
     more than it saves. Both settings are restored afterwards.
     """
-    was, was_threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
-    if threads is not None:
-        torch.set_num_threads(threads)
     try:
-        yield
+        with cpu_threads(threads):
+            yield
     finally:
         torch.use_deterministic_algorithms(was)
-        torch.set_num_threads(was_threads)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -99,14 +100,11 @@ def train(model: nn.Module, batch_fn: Callable[[torch.Generator], tuple[torch.Te
     clip: gradient-norm clipping threshold (None: no clipping).
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model should be a torch.nn.Module, got {type(model).__name__}")
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not callable(batch_fn):
-        raise ValueError(f"batch_fn should be a function generator -> (inputs, targets), "
+        raise ValueError(f"batch_fn must be a function generator -> (inputs, targets), "
                          f"got {type(batch_fn).__name__}")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps should be a positive int, got {steps!r}")
-    if not lr > 0:
-        raise ValueError(f"lr should be positive, got {lr!r}")
+    steps, lr = check_count(steps, "steps"), check_number(lr, "lr", above=0)
 
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)  # data is drawn on the CPU, then moved

@@ -76,7 +76,7 @@ def test_state_memory_numbers():
     m = state_memory(n=1000, d=64, num_layers=2)
     assert m["rnn_numbers"] == 128 and m["attention_numbers"] == 2 * 1000 * 64 * 2
     assert m["attention_bytes"] == 4 * m["attention_numbers"]
-    with pytest.raises(ValueError, match="n, d and num_layers should be positive"):
+    with pytest.raises(ValueError, match="n must be a positive integer, got 0"):
         state_memory(0, 4)
 
 

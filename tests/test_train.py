@@ -167,11 +167,11 @@ def test_accuracy_and_cross_entropy_ignore_minus_100():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="model should be a torch.nn.Module"):
+    with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
         train(lambda x: x, copy_batch, steps=1)
-    with pytest.raises(ValueError, match="steps should be a positive int"):
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
         train(Lookup(), copy_batch, steps=0)
-    with pytest.raises(ValueError, match="lr should be positive"):
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
         train(Lookup(), copy_batch, steps=1, lr=0)
     with pytest.raises(ValueError, match="batch_fn"):
         train(Lookup(), None, steps=1)

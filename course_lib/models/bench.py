@@ -9,37 +9,25 @@ machine to machine, so notebooks print them in cells marked NBVAL_IGNORE_OUTPUT.
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Sequence
 
 import torch
 from tqdm.auto import tqdm
 
+from course_lib.measure import best_time
+from course_lib.measure import threads as cpu_threads
 from course_lib.models.transformer import TinyTransformer, kv_cache_bytes
 
 
 def time_generation(model: TinyTransformer, prompt: torch.Tensor, new_tokens: int, use_cache: bool,
                     repeats: int = 3) -> tuple[float, torch.Tensor]:
     """Best-of-`repeats` seconds for model.generate(prompt, new_tokens, use_cache), and its tokens."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = model.generate(prompt, new_tokens, use_cache=use_cache)
-        best = min(best, time.perf_counter() - start)
-    return best, tokens
+    tokens = []
 
+    def run():
+        tokens[:] = [model.generate(prompt, new_tokens, use_cache=use_cache)]
 
-@contextlib.contextmanager
-def _threads(n: int | None):
-    """Run with n intra-op threads (tiny matmuls gain nothing from more, and lose on a busy machine)."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return best_time(run, repeats=repeats, warmup=0), tokens[0]
 
 
 def cache_speedup(model: TinyTransformer, new_tokens: Sequence[int] = (16, 32, 64, 128),
@@ -63,7 +51,7 @@ def cache_speedup(model: TinyTransformer, new_tokens: Sequence[int] = (16, 32, 6
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.vocab_size, (1, prompt_len), generator=g)
     rows = []
-    with _threads(threads):
+    with cpu_threads(threads):  # tiny matmuls gain nothing from more threads
         model.generate(prompt, 2, use_cache=True)  # warm-up: first calls pay one-off costs
         model.generate(prompt, 2, use_cache=False)
         for n in tqdm(new_tokens, desc="timing generate()", disable=not progress):
