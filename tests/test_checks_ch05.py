@@ -46,8 +46,8 @@ CORRECT = [
 # Wrong answers every checker of this chapter must survive, with the words the feedback
 # must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
-    *generic_wrong_answers('x.view(...)'),
-    (lambda *a: (lambda: 1), "should be a tensor|should return a pair"),
+    *generic_wrong_answers(check.split_heads.hints[0]),
+    (lambda *a: (lambda: 1), "returned a function, which a check cannot read"),
 ]
 
 
@@ -61,7 +61,7 @@ REFERENCE_CALLS = [
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda x, h: x.view(x.shape[0], x.shape[1], h, -1), "move the head axis"),
+    (lambda x, h: x.view(x.shape[0], x.shape[1], h, -1), "head axis must come before"),
     (lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1), "mix positions"),
     (lambda x, h: split_ok(x, h)[:, :1], "shape"),
     (lambda x, h: split_ok(x, h) * float("nan"), "NaN"),

@@ -9,11 +9,20 @@ import torch
 import torch.nn.functional as F
 
 import course_lib.multihead as multihead
-from course_lib.checks._core import call, expect_close, expect_shape, fail, forbid, passed, to_tensor
+from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._protocol import Check, each, hint
+
+__all__ = ["split_heads", "merge_heads", "multi_head_attention", "previous_token_score", "hint"]
+
+SOLUTION = "solutions/05_multihead.ipynb"
 
 
-def _randn(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+def _generator(exercise: int, seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
+
+
+def _randn(g: torch.Generator, *shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
 
 
 def _ref_split(x: torch.Tensor, h: int) -> torch.Tensor:
@@ -35,120 +44,240 @@ def _ref_mha(x, w_q, w_k, w_v, w_o, num_heads, mask=None):
     return _ref_merge(weights @ v) @ w_o, weights
 
 
-def split_heads(fn) -> None:
-    """Exercise 1: split_heads(x, num_heads): (B, n, d) -> (B, heads, n, d/heads)."""
-    cases = [((1, 3, 4), 2), ((2, 5, 12), 3), ((3, 4, 8), 8), ((2, 6, 6), 1)]
-    with forbid((multihead, "split_heads"), exercise="split_heads"):
-        for seed, (shape, h) in enumerate(cases):
-            x = _randn(*shape, seed=seed)
-            want = _ref_split(x, h)
-            t = to_tensor(call(fn, x.clone(), h, name="split_heads"), "split_heads(x, num_heads)",
-                          dtype=torch.float64)
-            B, n, d = shape
-            if t.shape == (B, n, h, d // h):
-                fail(f"split_heads returned shape {tuple(t.shape)} = (batch, n, heads, d_head): move the "
-                     "head axis in front of the positions with .transpose(1, 2).")
-            expect_shape(t, want.shape, "split_heads(x, num_heads)", hint="wanted (batch, heads, n, d // heads).")
-            if n > 1 and h > 1 and torch.allclose(t, x.reshape(B, h, n, d // h)):
-                fail("your heads mix positions: x.reshape(B, heads, n, d_head) cuts the (n, d) block in "
-                     "the wrong place. View as (B, n, heads, d_head) first, then transpose(1, 2).")
-            expect_close(t, want, "split_heads(x, num_heads)", atol=1e-12,
-                         hint="head i must hold features i*d_head .. (i+1)*d_head - 1 of every position.")
-    passed("split_heads: (batch, n, d) -> (batch, heads, n, d/heads), head i = feature slice i.")
+# ---------------------------------------------------------------- exercise 1
+
+def _split_cases(seed: int, hidden: bool) -> list:
+    g = _generator(1, seed)
+    sizes = [((1, 3, 4), 2), ((2, 5, 12), 3), ((3, 4, 8), 8), ((2, 6, 6), 1)]
+    sizes += [((1, 7, 12), 4), ((4, 2, 6), 2)] if hidden else []
+    return [{"x": _randn(g, *shape), "num_heads": h} for shape, h in sizes]
 
 
-def merge_heads(fn) -> None:
-    """Exercise 2: merge_heads(x): (B, heads, n, d_head) -> (B, n, heads * d_head)."""
-    cases = [(1, 2, 3, 2), (2, 3, 5, 4), (2, 8, 4, 1), (3, 1, 6, 5)]
-    with forbid((multihead, "merge_heads"), exercise="merge_heads"):
-        for seed, shape in enumerate(cases):
-            x = _randn(*shape, seed=10 + seed)
-            want = _ref_merge(x)
-            t = to_tensor(call(fn, x.clone(), name="merge_heads"), "merge_heads(x)", dtype=torch.float64)
-            expect_shape(t, want.shape, "merge_heads(x)", hint="wanted (batch, n, heads * d_head).")
-            B, h, n, dh = shape
-            if n > 1 and h > 1 and torch.allclose(t, x.reshape(B, n, h * dh)):
-                fail("merge_heads reshapes without moving the head axis back: positions get mixed up. "
-                     "Use x.transpose(1, 2) first (then .reshape, since the transpose is not contiguous).")
-            expect_close(t, want, "merge_heads(x)", atol=1e-12,
-                         hint="position j's output must be [head 0's j-th row, head 1's j-th row, ...].")
-    passed("merge_heads: (batch, heads, n, d_head) -> (batch, n, d), the exact inverse of split_heads.")
+def _split_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        x, h = case["x"], case["num_heads"]
+        want = _ref_split(x, h)
+        t = to_tensor(got, "split_heads(x, num_heads)", dtype=torch.float64)
+        B, n, d = x.shape
+        if t.shape == (B, n, h, d // h) and n != h:
+            fail(f"split_heads returned shape {tuple(t.shape)} = (batch, n, heads, d_head): the "
+                 "head axis must come before the positions.")
+        expect_shape(t, want.shape, "split_heads(x, num_heads)",
+                     hint="wanted (batch, heads, n, d // heads).")
+        if n > 1 and h > 1 and torch.allclose(t, x.reshape(B, h, n, d // h)):
+            fail("your heads mix positions: reshaping straight to (batch, heads, n, d_head) cuts "
+                 "the (n, d) block in the wrong place. Cut each position's features into heads "
+                 "first, then move the head axis forward.")
+        expect_close(t, want, "split_heads(x, num_heads)", atol=1e-12,
+                     hint="head i must hold features i*d_head .. (i+1)*d_head - 1 of every "
+                          "position.")
+    return "split_heads: (batch, n, d) -> (batch, heads, n, d/heads), head i = feature slice i."
 
 
-def multi_head_attention(fn) -> None:
-    """Exercise 3: multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None) -> (out, weights)."""
-    cases = [(2, 5, 8, 2, False), (1, 6, 12, 3, True), (3, 4, 16, 4, True), (2, 3, 6, 1, False)]
-    with forbid((multihead.MultiHeadAttention, "forward"), (F, "multi_head_attention_forward"),
-                exercise="multi_head_attention"):
-        for seed, (B, n, d, h, masked) in enumerate(cases):
-            x = _randn(B, n, d, seed=20 + seed)
-            ws = [_randn(d, d, seed=30 + 4 * seed + i) / math.sqrt(d) for i in range(4)]
-            mask = torch.ones(n, n, dtype=torch.bool).tril() if masked else None
-            want_out, want_w = _ref_mha(x, *ws, h, mask)
-            got = call(fn, x.clone(), *[w.clone() for w in ws], h, mask, name="multi_head_attention")
-            if not isinstance(got, (tuple, list)) or len(got) != 2:
-                fail(f"multi_head_attention should return a pair (out, weights), got {type(got).__name__}.")
-            out = to_tensor(got[0], "out", dtype=torch.float64)
-            w = to_tensor(got[1], "weights", dtype=torch.float64)
-            expect_shape(w, want_w.shape, "weights", hint="wanted (batch, heads, n, n): one grid per head.")
-            if h > 1:
-                _, one_head_w = _ref_mha(x, *ws, 1, mask)
-                if torch.allclose(w, one_head_w.expand_as(w), atol=1e-6):
-                    fail("every head has the same weights as one full-width head: split q, k and v into "
-                         "heads BEFORE the scores, so each head compares only its own slice.")
-                scores_full = _ref_split(x @ ws[0], h) @ _ref_split(x @ ws[1], h).transpose(-2, -1)
-                for wrong_scale in (math.sqrt(d), 1.0):
-                    s = scores_full / wrong_scale
-                    if mask is not None:
-                        s = s.masked_fill(~mask, float("-inf"))
-                    if torch.allclose(w, torch.softmax(s, dim=-1), atol=1e-6):
-                        fail("the weights use the wrong scale: divide each head's scores by sqrt(d_head) = "
-                             "sqrt(d_model / num_heads)." if wrong_scale != 1.0 else
-                             "the weights have no scale at all: divide each head's scores by sqrt(d_head).")
-            if mask is not None and (w.masked_select(~mask.expand_as(w)).abs() > 1e-12).any():
-                fail("some weights are non-zero where the mask is False: set those scores to -inf "
-                     "(scores.masked_fill(~mask, float('-inf'))) before the softmax.")
-            expect_close(w, want_w, "weights", atol=1e-6,
-                         hint="weights = softmax(q kᵀ / sqrt(d_head)) per head, over the key axis.")
-            expect_shape(out, want_out.shape, "out", hint="wanted (batch, n, d_model): merge the heads back.")
-            if torch.allclose(out, _ref_merge(want_w @ _ref_split(x @ ws[2], h)), atol=1e-6):
-                fail("out is the merged heads without the final mix: multiply by w_o at the end.")
-            expect_close(out, want_out, "out", atol=1e-6,
-                         hint="out = merge_heads(weights @ v) @ w_o.")
-    passed("multi_head_attention: split, attend per head with sqrt(d_head), merge, mix with w_o.")
+split_heads = Check(
+    id="ch05.split_heads",
+    cases=_split_cases,
+    run=lambda fn, case: call(fn, case["x"], case["num_heads"], name="split_heads"),
+    judge=_split_judge,
+    forbid=((multihead, "split_heads"),),
+    hints=(
+        "Each head gets its own slice of every position's features; the positions themselves "
+        "must not be cut up or mixed.",
+        "First cut the last axis of (batch, n, d) into (heads, d_head) without moving any "
+        "number, then swap the position and head axes.",
+        "x viewed as (batch, n, heads, d_head), then transposed on axes 1 and 2 -> "
+        "(batch, heads, n, d_head). A reshape straight to that shape mixes positions.",
+        f"The worked answer is exercise 1 of {SOLUTION}.",
+    ),
+    grade_ids=("ch05_split_heads_test",),
+)
 
 
-def previous_token_score(fn) -> None:
-    """Exercise 4: previous_token_score(weights) -> (heads,), mean weight on position i-1."""
-    g = torch.Generator().manual_seed(40)
-    for B, h, n in [(2, 3, 5), (1, 1, 4), (4, 2, 9)]:
+# ---------------------------------------------------------------- exercise 2
+
+def _merge_cases(seed: int, hidden: bool) -> list:
+    g = _generator(2, seed)
+    shapes = [(1, 2, 3, 2), (2, 3, 5, 4), (2, 8, 4, 1), (3, 1, 6, 5)]
+    shapes += [(2, 3, 5, 4), (1, 4, 1, 3)] if hidden else []
+    return [_randn(g, *shape) for shape in shapes]
+
+
+def _merge_judge(cases: list, outcomes: list) -> str:
+    for x, got in each(cases, outcomes):
+        want = _ref_merge(x)
+        t = to_tensor(got, "merge_heads(x)", dtype=torch.float64)
+        expect_shape(t, want.shape, "merge_heads(x)", hint="wanted (batch, n, heads * d_head).")
+        B, h, n, dh = x.shape
+        if n > 1 and h > 1 and torch.allclose(t, x.reshape(B, n, h * dh)):
+            fail("merge_heads reshapes without moving the head axis back: positions get mixed up. "
+                 "Put the positions before the heads first, then flatten the heads.")
+        expect_close(t, want, "merge_heads(x)", atol=1e-12,
+                     hint="position j's output must be [head 0's j-th row, head 1's j-th row, "
+                          "...].")
+    return ("merge_heads: (batch, heads, n, d_head) -> (batch, n, d), the exact inverse of "
+            "split_heads.")
+
+
+merge_heads = Check(
+    id="ch05.merge_heads",
+    cases=_merge_cases,
+    run=lambda fn, x: call(fn, x, name="merge_heads"),
+    judge=_merge_judge,
+    forbid=((multihead, "merge_heads"),),
+    hints=(
+        "Undo split_heads step by step, in reverse order: what was done last is undone first.",
+        "Bring the positions back in front of the heads, then glue each position's head slices "
+        "together along the features. The swapped tensor is not contiguous, so a plain view "
+        "will refuse it.",
+        "x transposed on axes 1 and 2 -> (batch, n, heads, d_head), then reshaped to "
+        "(batch, n, heads * d_head).",
+        f"The worked answer is exercise 2 of {SOLUTION}.",
+    ),
+    grade_ids=("ch05_merge_heads_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 3
+
+def _mha_cases(seed: int, hidden: bool) -> list:
+    g = _generator(3, seed)
+    sizes = [(2, 5, 8, 2, False), (1, 6, 12, 3, True), (3, 4, 16, 4, True), (2, 3, 6, 1, False)]
+    sizes += [(1, 1, 4, 2, True), (2, 7, 8, 4, False)] if hidden else []
+    cases = []
+    for B, n, d, h, masked in sizes:
+        ws = [_randn(g, d, d) / math.sqrt(d) for _ in range(4)]
+        cases.append({"x": _randn(g, B, n, d), "w_q": ws[0], "w_k": ws[1], "w_v": ws[2],
+                      "w_o": ws[3], "num_heads": h,
+                      "mask": torch.ones(n, n, dtype=torch.bool).tril() if masked else None})
+    return cases
+
+
+def _mha_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        x, h, mask = case["x"], case["num_heads"], case["mask"]
+        ws = [case[k] for k in ("w_q", "w_k", "w_v", "w_o")]
+        d = x.shape[-1]
+        want_out, want_w = _ref_mha(x, *ws, h, mask)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            fail(f"multi_head_attention should return a pair (out, weights), got "
+                 f"{type(got).__name__}.")
+        out = to_tensor(got[0], "out", dtype=torch.float64)
+        w = to_tensor(got[1], "weights", dtype=torch.float64)
+        expect_shape(w, want_w.shape, "weights", hint="wanted (batch, heads, n, n): one grid per "
+                     "head.")
+        if h > 1 and x.shape[1] > 1:
+            _, one_head_w = _ref_mha(x, *ws, 1, mask)
+            if torch.allclose(w, one_head_w.expand_as(w), atol=1e-6):
+                fail("every head has the same weights as one full-width head: split q, k and v "
+                     "into heads BEFORE the scores, so each head compares only its own slice.")
+            scores_full = _ref_split(x @ ws[0], h) @ _ref_split(x @ ws[1], h).transpose(-2, -1)
+            for wrong_scale in (math.sqrt(d), 1.0):
+                s = scores_full / wrong_scale
+                if mask is not None:
+                    s = s.masked_fill(~mask, float("-inf"))
+                if torch.allclose(w, torch.softmax(s, dim=-1), atol=1e-6) and \
+                        not torch.allclose(want_w, torch.softmax(s, dim=-1), atol=1e-6):
+                    fail("the weights use the wrong scale: divide each head's scores by "
+                         "sqrt(d_head) = sqrt(d_model / num_heads)." if wrong_scale != 1.0 else
+                         "the weights have no scale at all: divide each head's scores by "
+                         "sqrt(d_head).")
+        if mask is not None and (w.masked_select(~mask.expand_as(w)).abs() > 1e-12).any():
+            fail("some weights are non-zero where the mask is False: block those scores before "
+                 "the softmax.")
+        expect_close(w, want_w, "weights", atol=1e-6,
+                     hint="weights = softmax(q kᵀ / sqrt(d_head)) per head, over the key axis.")
+        expect_shape(out, want_out.shape, "out", hint="wanted (batch, n, d_model): merge the "
+                     "heads back.")
+        merged = _ref_merge(want_w @ _ref_split(x @ ws[2], h))
+        if torch.allclose(out, merged, atol=1e-6) and not torch.allclose(merged, want_out):
+            fail("out is the merged heads without the final mix: multiply by w_o at the end.")
+        expect_close(out, want_out, "out", atol=1e-6, hint="out = merge_heads(weights @ v) @ w_o.")
+    return "multi_head_attention: split, attend per head with sqrt(d_head), merge, mix with w_o."
+
+
+multi_head_attention = Check(
+    id="ch05.multi_head_attention",
+    cases=_mha_cases,
+    run=lambda fn, case: call(fn, case["x"], case["w_q"], case["w_k"], case["w_v"], case["w_o"],
+                              case["num_heads"], case["mask"], name="multi_head_attention"),
+    judge=_mha_judge,
+    forbid=((multihead.MultiHeadAttention, "forward"), (F, "multi_head_attention_forward")),
+    hints=(
+        "Multi-head attention is one attention per head on that head's own slice of the "
+        "projections, glued back together and mixed by one last matrix.",
+        "Project x three times, split each projection into heads, attend within every head "
+        "(scaled by the HEAD width, with the mask), merge the heads, and apply w_o.",
+        "q, k, v = split(x w_q), split(x w_k), split(x w_v); heads, weights = attention(q, k, v, "
+        "mask) with scale 1/sqrt(d_head); out = merge(heads) w_o.",
+        f"The worked answer is exercise 3 of {SOLUTION}.",
+    ),
+    grade_ids=("ch05_mha_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 4
+
+def _perfect_head(n: int) -> torch.Tensor:
+    perfect = torch.zeros(1, 1, n, n, dtype=torch.float64)
+    perfect[0, 0, 0, 0] = 1
+    perfect[0, 0, torch.arange(1, n), torch.arange(n - 1)] = 1
+    return perfect
+
+
+def _prev_cases(seed: int, hidden: bool) -> list:
+    g = _generator(4, seed)
+    sizes = [(2, 3, 5), (1, 1, 4), (4, 2, 9)] + ([(1, 4, 2), (3, 2, 16)] if hidden else [])
+    cases = []
+    for B, h, n in sizes:
         logits = torch.randn(B, h, n, n, generator=g, dtype=torch.float64) * 2
         logits = logits.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
-        w = torch.softmax(logits, dim=-1)
+        cases.append({"weights": torch.softmax(logits, dim=-1), "perfect": False})
+    return cases + [{"weights": _perfect_head(4), "perfect": True}]
+
+
+def _prev_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        w = case["weights"]
+        B, h, n, _ = w.shape
+        t = to_tensor(got, "previous_token_score(weights)", dtype=torch.float64)
+        if case["perfect"]:
+            if t.numel() != 1 or not math.isclose(float(t.reshape(-1)[0]), 1.0, abs_tol=1e-9):
+                fail("a head that always looks exactly one step back should score 1.0.")
+            continue
         want = torch.diagonal(w, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
-        t = to_tensor(call(fn, w.clone(), name="previous_token_score"), "previous_token_score(weights)",
-                      dtype=torch.float64)
         if t.numel() == 1 and h > 1:
-            fail("previous_token_score returned one number; wanted one score per head, shape (heads,): "
-                 "average over the batch and the query positions only.")
+            fail("previous_token_score returned one number; wanted one score per head, shape "
+                 "(heads,): average over the batch and the query positions only.")
         expect_shape(t, (h,), "previous_token_score(weights)", hint="one score per head.")
         diag = torch.diagonal(w, offset=0, dim1=-2, dim2=-1).mean(dim=(0, 2))
         if torch.allclose(t, diag):
-            fail("your score reads the diagonal (each query on itself); the previous token is one step "
-                 "left of it: torch.diagonal(weights, offset=-1, dim1=-2, dim2=-1).")
+            fail("your score reads the diagonal (each query on itself); the previous token is one "
+                 "step to the left of it.")
         if n > 1:
             with_first = torch.cat([torch.zeros(B, h, 1, dtype=w.dtype),
-                                    torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)], dim=-1).mean(dim=(0, 2))
+                                    torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)],
+                                   dim=-1).mean(dim=(0, 2))
             if torch.allclose(t, with_first):
-                fail("you averaged over all n queries, but query 0 has no previous token: average over the "
-                     "n - 1 queries 1..n-1 only.")
+                fail("you averaged over all n queries, but query 0 has no previous token: "
+                     "average over the n - 1 queries 1..n-1 only.")
         expect_close(t, want, "previous_token_score(weights)", atol=1e-9,
                      hint="mean over batch and queries i >= 1 of weights[b, head, i, i-1].")
-    # a perfect previous-token head scores 1
-    perfect = torch.zeros(1, 1, 4, 4, dtype=torch.float64)
-    perfect[0, 0, 0, 0] = 1
-    perfect[0, 0, torch.arange(1, 4), torch.arange(3)] = 1
-    t = to_tensor(call(fn, perfect, name="previous_token_score"), "score of a perfect head", dtype=torch.float64)
-    if t.numel() != 1 or not math.isclose(float(t.reshape(-1)[0]), 1.0, abs_tol=1e-9):
-        fail("a head that always looks exactly one step back should score 1.0.")
-    passed("previous_token_score: mean weight on position i-1, one score per head.")
+    return "previous_token_score: mean weight on position i-1, one score per head."
+
+
+previous_token_score = Check(
+    id="ch05.previous_token_score",
+    cases=_prev_cases,
+    run=lambda fn, case: call(fn, case["weights"], name="previous_token_score"),
+    judge=_prev_judge,
+    hints=(
+        "A previous-token head puts its weight one step to the left of the diagonal: read those "
+        "entries and average them per head.",
+        "The entries weights[..., i, i-1] form the diagonal just below the main one (query 0 "
+        "has none). Average them over the batch and the queries, keeping the head axis.",
+        "torch.diagonal with offset=-1 over the last two axes gives (batch, heads, n-1); its "
+        "mean over dims 0 and 2 is the score.",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
+    ),
+    grade_ids=("ch05_prev_score_test",),
+)
