@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import ipywidgets as widgets
 import numpy as np
@@ -30,7 +30,8 @@ def mask_explorer(tokens: Sequence[str] = SENTENCE, mask: str = "causal", length
         raise ValueError(f"mask must be one of {MASK_TYPES}, got {mask!r}")
     length = n - 2 if length is None else length
     if not (isinstance(length, int) and 1 <= length <= n):
-        raise ValueError(f"length must be an integer in 1..{n} (the number of tokens), got {length!r}")
+        raise ValueError(f"length must be an integer in 1..{n} (the number of tokens), "
+                         f"got {length!r}")
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(n, d_k, generator=g, dtype=torch.float64)  # (n, d_k)
     k = torch.randn(n, d_k, generator=g, dtype=torch.float64)  # (n, d_k)
