@@ -5,10 +5,11 @@
     the trophy could not hold the suitcase because it was too small . so it is the -> trophy
 
 A small templated language. The answer is one of two earlier nouns (the candidates), and which
-one depends on two other words together: the verb ("fit in" or "hold") and the property ("big"
-or "small"). Every noun plays either role, so no noun is "the big one": the model must read the
-sentence. Filler words between the candidates and "because" push them `filler` tokens further
-from the answer; the rest of the filler goes in front, so every sequence has the same length.
+one depends on the property word ("big" or "small"); with both verbs ("fit in" and "hold") it
+depends on the verb and the property together. Every noun plays either role, so no noun is "the
+big one": the model must read the sentence. Filler words between the candidates and "because"
+push them `filler` tokens further from the answer; the rest of the filler goes in front, so
+every sequence has the same length.
 """
 
 from __future__ import annotations
@@ -32,12 +33,18 @@ class PronounTask:
     batch(generator, batch, filler=None) -> tokens (batch, n), targets (batch, n): -100 except
     the last position, whose target is the noun "it" refers to. filler: the number of filler
     words between the second candidate and "because" (None: uniform in 0..max_filler).
+    verbs: the templates used, ("fit",) (the answer follows the property word alone) or
+    ("fit", "hold") (verb and property together decide: a harder task, an XOR).
     """
 
-    def __init__(self, max_filler: int = 24):
+    def __init__(self, max_filler: int = 24, verbs: tuple[str, ...] = ("fit",)):
         if not isinstance(max_filler, int) or max_filler < 0:
             raise ValueError(f"max_filler should be an int >= 0, got {max_filler!r}")
-        self.max_filler = max_filler
+        verbs = tuple(verbs)
+        if not verbs or not set(verbs) <= {"fit", "hold"} or len(set(verbs)) != len(verbs):
+            raise ValueError(f"verbs should be ('fit',), ('hold',) or ('fit', 'hold'), "
+                             f"got {verbs!r}")
+        self.max_filler, self.verbs = max_filler, verbs
         words = ["the", "did", "not", "fit", "in", "could", "hold", "because", "it", "was", "too",
                  "big", "small", ".", "so", "is", *NOUNS, *FILLER]
         self.words = list(dict.fromkeys(words))
@@ -71,7 +78,9 @@ class PronounTask:
             raise ValueError(f"filler should lie in 0..max_filler={K}, got {filler!r}")
         pick = torch.rand(batch, len(NOUNS), generator=generator).argsort(dim=1)[:, :2]
         n1, n2 = self._nouns[pick[:, 0]], self._nouns[pick[:, 1]]  # two different nouns
-        fit = torch.rand(batch, generator=generator) < 0.5
+        fit = torch.rand(batch, generator=generator) < 0.5  # drawn always: one data stream
+        if self.verbs != ("fit", "hold"):
+            fit = torch.full_like(fit, self.verbs == ("fit",))
         big = torch.rand(batch, generator=generator) < 0.5
         k = (torch.randint(0, K + 1, (batch,), generator=generator) if filler is None
              else torch.full((batch,), filler))

@@ -1,0 +1,342 @@
+"""Checkers for exercises/10_the_transformer.ipynb: a pre-LN block from its parameters (build),
+a head ablation that zeroes the wrong side of W_O (debug), how well ONE layer does induction
+(predict), and what zeroing layer 1's previous-token heads does to a two-layer model (experiment).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import course_lib.models.block as block_module
+import course_lib.multihead as multihead
+from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._protocol import Check, each, hint, value
+
+__all__ = ["transformer_block", "ablate_head", "one_layer_accuracy", "ablated_accuracy", "hint"]
+
+SOLUTIONS = "the worked answer is in solutions/10_the_transformer.ipynb"
+
+# The induction test set of exercises 3 and 4 (the notebook builds the same one).
+INDUCTION_SEED, INDUCTION_BATCH = 2024, 512
+
+# ------------------------------------------------------------------------------------------------
+# exercise 1 (build): a pre-LN block from its parameters
+# ------------------------------------------------------------------------------------------------
+
+
+def _block_params(g: torch.Generator, d: int, d_mlp: int) -> dict:
+    def r(*shape, scale=1.0, mean=0.0):
+        return mean + scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    p = {"ln1.weight": r(d, scale=0.3, mean=1.0), "ln1.bias": r(d, scale=0.3)}
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        p[f"attn.{name}.weight"] = r(d, d, scale=d ** -0.5)
+        p[f"attn.{name}.bias"] = r(d, scale=0.1)
+    p |= {"ln2.weight": r(d, scale=0.3, mean=1.0), "ln2.bias": r(d, scale=0.3),
+          "mlp.0.weight": r(d_mlp, d, scale=d ** -0.5), "mlp.0.bias": r(d_mlp, scale=0.1),
+          "mlp.2.weight": r(d, d_mlp, scale=d_mlp ** -0.5), "mlp.2.bias": r(d, scale=0.1)}
+    return p
+
+
+def _block_cases(seed: int, hidden: bool) -> list:
+    g = torch.Generator().manual_seed(1000 + seed)
+    sizes = [(2, 6, 8, 2, 32, True), (1, 5, 12, 3, 24, False), (3, 4, 16, 4, 64, True)]
+    if hidden:
+        sizes += [(1, 1, 8, 1, 8, True), (2, 9, 20, 5, 40, False)]
+    cases = []
+    for batch, n, d, heads, d_mlp, causal in sizes:
+        cases.append({"x": torch.randn(batch, n, d, generator=g, dtype=torch.float64),
+                      "params": _block_params(g, d, d_mlp), "num_heads": heads,
+                      "mask": torch.tril(torch.ones(n, n, dtype=torch.bool)) if causal else None})
+    return cases
+
+
+def _block_run(fn, case):
+    return call(fn, case["x"], case["params"], case["num_heads"], case["mask"],
+                name="transformer_block")
+
+
+def _variant(x, p, heads, mask, *, kind="right"):
+    """The block, or one of the usual wrong versions of it (float64, for the judge)."""
+    d = x.shape[-1]
+
+    def ln(t, i):
+        return F.layer_norm(t, (d,), p[f"ln{i}.weight"], p[f"ln{i}.bias"])
+
+    def attn(t):
+        def proj(name, u):
+            return F.linear(u, p[f"attn.{name}.weight"], p[f"attn.{name}.bias"])
+        q, k, v = (multihead.split_heads(proj(name, t), heads)
+                   for name in ("q_proj", "k_proj", "v_proj"))  # (B, h, n, d_head)
+        scale = 1 / math.sqrt(d if kind == "scale_d_model" else d // heads)
+        scores = q @ k.transpose(-2, -1) * scale
+        if mask is not None and kind != "no_mask":
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v
+        return proj("out_proj", multihead.merge_heads(out))
+
+    def mlp(t):
+        act = F.relu if kind == "relu" else F.gelu
+        return F.linear(act(F.linear(t, p["mlp.0.weight"], p["mlp.0.bias"])),
+                        p["mlp.2.weight"], p["mlp.2.bias"])
+
+    if kind == "post_ln":
+        x = ln(x + attn(x), 1)
+        return ln(x + mlp(x), 2)
+    if kind == "no_residual":
+        return mlp(ln(attn(ln(x, 1)), 2))
+    if kind == "normed_residual":
+        h = ln(x, 1)
+        x = h + attn(h)
+        h = ln(x, 2)
+        return h + mlp(h)
+    x = x + attn(ln(x, 1))
+    return x + mlp(ln(x, 2))
+
+
+_BLOCK_MISTAKES = {
+    "post_ln": "this is the POST-LN block (x = ln(x + attn(x))). Chapter 10's block normalises "
+               "first and adds to the raw stream: x = x + attn(ln1(x)).",
+    "no_residual": "the residual connections are missing: each sub-layer's output must be ADDED "
+                   "to x, not replace it.",
+    "normed_residual": "the residual adds the sub-layer to the NORMALISED stream (h + attn(h) with "
+                       "h = ln1(x)); it must be added to x itself: x + attn(ln1(x)).",
+    "relu": "the MLP uses ReLU; the block's MLP is Linear, GELU, Linear.",
+    "scale_d_model": "the scores are divided by √d_model; each head scores with its own width, "
+                     "so divide by √(d_model / num_heads).",
+    "no_mask": "the mask is ignored: where mask is False the weight must be exactly 0.",
+}
+
+
+def _block_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        x, p, heads, mask = case["x"], case["params"], case["num_heads"], case["mask"]
+        want = _reference_block(x, p, heads, mask)
+        what = "transformer_block(x, params, num_heads, mask)"
+        out = to_tensor(got, what, dtype=torch.float64)
+        expect_shape(out, want.shape, what, "a block maps (batch, n, d_model) to the same shape.")
+        if torch.allclose(out, want, atol=1e-8, rtol=1e-6):
+            continue
+        for kind, message in _BLOCK_MISTAKES.items():
+            if kind == "no_mask" and mask is None:
+                continue
+            if torch.allclose(out, _variant(x, p, heads, mask, kind=kind), atol=1e-8, rtol=1e-6):
+                fail(f"{what}: {message}")
+        expect_close(out, want, what, atol=1e-8, rtol=1e-6,
+                     hint=f"(case batch={x.shape[0]}, n={x.shape[1]}, d_model={x.shape[2]}, "
+                          f"num_heads={heads}, mask {'causal' if mask is not None else 'None'})")
+    return (f"transformer_block: equals course_lib's TransformerBlock (and so torch's pre-LN "
+            f"TransformerEncoderLayer) on {len(cases)} cases, with and without a causal mask.")
+
+
+def _reference_block(x, p, heads, mask):
+    d, d_mlp = x.shape[-1], p["mlp.0.weight"].shape[0]
+    reference = block_module.TransformerBlock(d, heads, d_mlp).to(torch.float64)
+    reference.load_state_dict(p)
+    with torch.no_grad():
+        return reference(x, mask=mask)
+
+
+transformer_block = Check(
+    id="ch10.transformer_block",
+    cases=_block_cases, run=_block_run, judge=_block_judge,
+    forbid=((block_module, "TransformerBlock"), (multihead, "MultiHeadAttention"),
+            (nn, "TransformerEncoderLayer"), (nn, "MultiheadAttention"),
+            (F, "multi_head_attention_forward")),
+    hints=("Two sub-layers, each reading a normalised copy of the stream and adding its answer "
+           "back to the stream itself.",
+           "Sub-layer 1: LayerNorm with ln1's weight and bias, then multi-head attention with the "
+           "four attn projections (split into heads, scale by √d_head, mask, softmax, merge). "
+           "Sub-layer 2: LayerNorm with ln2's, then Linear (mlp.0), GELU, Linear (mlp.2).",
+           "x = x + W_O·attention(ln1(x)) + b_O; then x = x + mlp(ln2(x)); F.layer_norm, F.linear "
+           "and F.gelu do the pieces, split_heads/merge_heads reshape the heads.",
+           SOLUTIONS),
+    grade_ids=("ex10_block_test",),
+)
+
+# ------------------------------------------------------------------------------------------------
+# exercise 2 (debug): remove one head's contribution
+# ------------------------------------------------------------------------------------------------
+
+
+def _ablate_cases(seed: int, hidden: bool) -> list:
+    g = torch.Generator().manual_seed(1010 + seed)
+    sizes = [(8, 2, 1), (12, 3, 0), (16, 4, 2)] + ([(6, 6, 5), (10, 1, 0)] if hidden else [])
+    return [{"out_weight": torch.randn(d, d, generator=g, dtype=torch.float64), "head": head,
+             "num_heads": heads} for d, heads, head in sizes]
+
+
+def _ablate_run(fn, case):
+    w = case["out_weight"]
+    before = w.clone()
+    got = call(fn, w, case["head"], case["num_heads"], name="ablate_head")
+    return {"weight": got, "input_unchanged": bool(torch.equal(w, before))}
+
+
+def _ablate_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        w, head, heads = case["out_weight"], case["head"], case["num_heads"]
+        d_head = w.shape[0] // heads
+        cols = slice(head * d_head, (head + 1) * d_head)
+        want = w.clone()
+        want[:, cols] = 0
+        if not isinstance(got, dict) or "weight" not in got:
+            fail("ablate_head should return the new W_O (a tensor).")
+        out = to_tensor(got["weight"], "ablate_head(out_weight, head, num_heads)",
+                        dtype=torch.float64)
+        expect_shape(out, want.shape, "the returned W_O", "same shape as out_weight.")
+        rows = w.clone()
+        rows[cols, :] = 0
+        if heads > 1 and torch.allclose(out, rows):
+            fail("the ROWS of W_O were zeroed: row i of W_O makes output feature i, which mixes "
+                 "every head. Head h enters W_O through its d_head COLUMNS (out = W_O @ concat), "
+                 "so those are the ones to zero.")
+        if heads > 1 and torch.allclose(out, w):
+            fail("the returned W_O is unchanged: head h still reaches the residual stream.")
+        expect_close(out, want, "the returned W_O", atol=0, rtol=0,
+                     hint=f"only the columns of head {head} (d_head = {d_head} of them) become 0.")
+        if not got.get("input_unchanged", True):
+            fail("ablate_head changed the out_weight it was given: work on a copy (clone), so "
+                 "that the model can be restored.")
+    return ("ablate_head: zeroes exactly the head's d_head columns of W_O and leaves the input "
+            "as it was.")
+
+
+ablate_head = Check(
+    id="ch10.ablate_head",
+    cases=_ablate_cases, run=_ablate_run, judge=_ablate_judge,
+    hints=("The output projection reads the heads' outputs laid side by side: which entries of "
+           "W_O does one head's output ever multiply?",
+           "W_O has shape (d_model, d_model); its input is the heads side by side, so head h owns "
+           "a block of d_head consecutive input positions.",
+           "w[:, head * d_head:(head + 1) * d_head] = 0 on a clone, not w[head * d_head:..., :].",
+           SOLUTIONS),
+    grade_ids=("ex10_ablate_test",),
+)
+
+# ------------------------------------------------------------------------------------------------
+# exercises 3 and 4: the shipped induction models (measured here, in the judge's process)
+# ------------------------------------------------------------------------------------------------
+
+
+def induction_test_set():
+    """The fixed test batch both exercises measure on."""
+    from course_lib.stacking import pretrained
+    from course_lib.stacking.induction import induction_batch
+
+    task = pretrained.SPECS["induction_2layer"]["task_args"]
+    return induction_batch(torch.Generator().manual_seed(INDUCTION_SEED), INDUCTION_BATCH, **task)
+
+
+def _measured_one_layer() -> float:
+    from course_lib.stacking import pretrained
+    from course_lib.train import evaluate
+
+    with torch.random.fork_rng():
+        return evaluate(pretrained.load("induction_1layer"), *induction_test_set())
+
+
+def _measured_ablation() -> tuple[float, list[int], float]:
+    """(accuracy before, layer-0 heads scoring > 0.5 on the previous token, accuracy without)."""
+    from course_lib.stacking import pretrained
+    from course_lib.stacking.induction import ablate_head as ablate
+    from course_lib.stacking.induction import head_scores
+    from course_lib.train import evaluate
+
+    model = pretrained.load("induction_2layer")
+    tokens, targets = induction_test_set()
+    before = evaluate(model, tokens, targets)
+    heads = [h for h, s in enumerate(head_scores(model, tokens)["previous"][0]) if s > 0.5]
+    with ablate(model, 0, heads):
+        after = evaluate(model, tokens, targets)
+    return before, heads, after
+
+
+def _number(got, name: str, low: float = 0.0, high: float = 1.0) -> float:
+    if got is None:
+        fail(f"{name} is None: write your number in it.")
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = float(got)
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got) \
+            or not low <= got <= high:
+        fail(f"{name} should be a number between {low:g} and {high:g} (an accuracy), "
+             f"got {got!r}.")
+    return float(got)
+
+
+def _one_layer_judge(cases: list, outcomes: list) -> str:
+    got = _number(value(outcomes[0], "predicted_accuracy"), "predicted_accuracy")
+    measured = _measured_one_layer()
+    chance = 1 / 32
+    if got >= 0.5:
+        fail(f"you predicted {got:.2f}, the one-layer model scores {measured:.2f}. In one layer a "
+             "key is made from its own token only: no key can say 'the token before me was A', "
+             "so no query can find the token after the earlier A.")
+    if abs(got - measured) <= 0.1:
+        return (f"one_layer_accuracy: you predicted {got:.2f}, the model scores {measured:.2f}: "
+                f"near guessing. (Above 1/32 = {chance:.2f} because it can still guess among the "
+                "tokens the first copy showed.)")
+    fail(f"you predicted {got:.2f}, the one-layer model scores {measured:.2f}. It cannot find the "
+         "answer, but it is not blind either: it can guess among the few tokens the first copy "
+         "showed, which beats 1/32.")
+
+
+one_layer_accuracy = Check(
+    id="ch10.one_layer_accuracy",
+    cases=lambda seed, hidden: [None], run=lambda prediction, case: prediction,
+    judge=_one_layer_judge,
+    hints=("Think about what a key in a one-layer model can know about the position it sits at.",
+           "The answer B stands after the earlier A. For a query 'I am A' to find it, B's key "
+           "would have to encode 'the token before me was A'. Can it, with no earlier layer?",
+           "It cannot: the model can only guess among tokens it has seen. Expect far below 0.5, "
+           "but above 1/32.", SOLUTIONS),
+    grade_ids=("ex10_predict_test",),
+)
+
+
+def _ablated_judge(cases: list, outcomes: list) -> str:
+    got = value(outcomes[0], "(heads, accuracy)")
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        fail("the check takes two answers: check.ablated_accuracy(previous_heads, accuracy).")
+    heads, accuracy = got
+    if isinstance(heads, torch.Tensor):
+        heads = heads.tolist()
+    if isinstance(heads, int) and not isinstance(heads, bool):
+        heads = [heads]
+    if not isinstance(heads, (list, tuple)) or \
+            not all(isinstance(h, int) and not isinstance(h, bool) for h in heads):
+        fail(f"previous_heads should be a list of head numbers of layer 0, got {heads!r}.")
+    accuracy = _number(accuracy, "accuracy")
+    before, want_heads, after = _measured_ablation()
+    if sorted(heads) != want_heads:
+        fail(f"previous_heads = {sorted(heads)}: the layer-0 heads whose previous-token score is "
+             f"above 0.5 are {want_heads}. Score them with head_scores(model, tokens)"
+             "['previous'][0].")
+    if abs(accuracy - after) > 0.02:
+        if abs(accuracy - before) <= 0.02:
+            fail(f"accuracy = {accuracy:.3f} is the model's accuracy with every head in place; "
+                 "measure it inside the `with ablate_head(...)` block.")
+        fail(f"accuracy = {accuracy:.3f}, but with heads {want_heads} of layer 0 zeroed the model "
+             f"scores {after:.3f} on the exercise's test batch (seed {INDUCTION_SEED}).")
+    return (f"ablated_accuracy: zeroing the previous-token heads {want_heads} of layer 0 takes "
+            f"the two-layer model from {before:.2f} to {after:.2f}: the layer-1 induction heads "
+            "had nothing to match on.")
+
+
+ablated_accuracy = Check(
+    id="ch10.ablated_accuracy",
+    cases=lambda seed, hidden: [None], run=lambda heads, accuracy, case: (heads, accuracy),
+    judge=_ablated_judge,
+    hints=("First find which heads of the FIRST layer look at the previous token, then switch "
+           "them off together and measure again.",
+           "head_scores(model, tokens)['previous'] has one row per layer: take the heads of row "
+           "0 scoring above 0.5; ablate_head(model, 0, heads) switches them off inside a "
+           "`with` block.",
+           "with ablate_head(model, 0, previous_heads): accuracy = evaluate(model, tokens, "
+           "targets)", SOLUTIONS),
+    grade_ids=("ex10_ablation_test",),
+)

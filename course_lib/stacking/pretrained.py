@@ -1,0 +1,187 @@
+"""The small trained models of chapter 10, and the seeded command that makes them.
+
+Training them all takes minutes on a laptop CPU, longer than a lecture may run, so the course
+ships their weights (`course_lib/data/ch10_<name>.pt`, a plain state dict) with a record of how
+each was made (`ch10_<name>.json`: the configuration, the seed, the steps, the result). To make
+them again (one CPU thread, deterministic; the same machine gives the same bits):
+
+    python -m course_lib.stacking.pretrained                  # every model, into course_lib/data
+    python -m course_lib.stacking.pretrained text --out DIR   # one model, elsewhere
+    python -m course_lib.stacking.pretrained --quick --out DIR   # a few steps each (the test)
+
+    induction_1layer, induction_2layer   same width and budget, 1 vs 2 layers
+    pronoun_transformer, pronoun_lstm    the trophy-and-suitcase task, attention vs recurrence
+    text                                 characters of CPython's reference manual
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from course_lib.models import TinyTransformer
+from course_lib.models.small import RecurrentModel
+from course_lib.stacking import text as text_mod
+from course_lib.stacking.induction import induction_batch
+from course_lib.stacking.pronoun import PronounTask, accuracy_by_filler
+from course_lib.train import evaluate, train
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+QUICK_STEPS = 3
+CURVE_EVERY = 10
+
+_INDUCTION_TASK = {"segment": 8, "gap": 8, "vocab": 32}
+_INDUCTION_MODEL = {"vocab_size": 32, "d_model": 32, "num_heads": 4, "max_len": 24}
+_PRONOUN_TASK = {"max_filler": 24}
+
+SPECS: dict[str, dict] = {
+    "induction_1layer": {"task": "induction", "task_args": _INDUCTION_TASK,
+                         "model": "TinyTransformer",
+                         "model_args": {**_INDUCTION_MODEL, "num_layers": 1},
+                         "steps": 800, "batch": 64, "lr": 3e-3, "seed": 0},
+    "induction_2layer": {"task": "induction", "task_args": _INDUCTION_TASK,
+                         "model": "TinyTransformer",
+                         "model_args": {**_INDUCTION_MODEL, "num_layers": 2},
+                         "steps": 800, "batch": 64, "lr": 3e-3, "seed": 0},
+    "pronoun_transformer": {"task": "pronoun", "task_args": _PRONOUN_TASK,
+                            "model": "TinyTransformer",
+                            "model_args": {"vocab_size": 44, "d_model": 64, "num_heads": 4,
+                                           "num_layers": 2, "max_len": 42},
+                            "steps": 1500, "batch": 64, "lr": 3e-3, "seed": 0},
+    "pronoun_lstm": {"task": "pronoun", "task_args": _PRONOUN_TASK, "model": "RecurrentModel",
+                     "model_args": {"vocab_size": 44, "num_classes": 44, "d_hidden": 144,
+                                    "kind": "lstm", "d_embed": 32},
+                     "steps": 1500, "batch": 64, "lr": 3e-3, "seed": 0},
+    "text": {"task": "text", "task_args": {"n": 96, "held_out": 0.1}, "model": "TinyTransformer",
+             "model_args": {"vocab_size": None, "d_model": 96, "num_heads": 4, "num_layers": 3,
+                            "max_len": 256},
+             "steps": 2000, "batch": 32, "lr": 2e-3, "seed": 0},
+}
+
+
+def build(spec: dict, chars: str | None = None) -> torch.nn.Module:
+    """The untrained model a spec describes (the text model needs its alphabet)."""
+    args = dict(spec["model_args"])
+    if spec["task"] == "text":
+        args["vocab_size"] = len(chars)
+    if spec["model"] == "TinyTransformer":
+        return TinyTransformer(**args)
+    return RecurrentModel(**args)
+
+
+def _batch_fn(spec: dict, chars: str | None):
+    t, batch = spec["task_args"], spec["batch"]
+    if spec["task"] == "induction":
+        return lambda g: induction_batch(g, batch, **t)
+    if spec["task"] == "pronoun":
+        task = PronounTask(**t)
+        return lambda g: task.batch(g, batch)
+    tokenizer = text_mod.CharTokenizer(chars)
+    train_ids, _ = text_mod.split(tokenizer.encode(text_mod.corpus_text()), t["held_out"])
+    return lambda g: text_mod.text_batch(train_ids, g, batch, t["n"])
+
+
+def measure(name: str, model: torch.nn.Module, spec: dict, chars: str | None = None) -> dict:
+    """The numbers a record keeps: accuracy on a fixed test batch (or held-out loss for text)."""
+    t = spec["task_args"]
+    if spec["task"] == "induction":
+        tokens, targets = induction_batch(torch.Generator().manual_seed(123), 512, **t)
+        return {"test_accuracy": round(evaluate(model, tokens, targets), 4)}
+    if spec["task"] == "pronoun":
+        by = accuracy_by_filler(model, PronounTask(**t), 100, fillers=(0, t["max_filler"]))
+        return {f"accuracy_filler_{k}": round(v, 4) for k, v in by.items()}
+    tokenizer = text_mod.CharTokenizer(chars)
+    _, held = text_mod.split(tokenizer.encode(text_mod.corpus_text()), t["held_out"])
+    tokens, targets = text_mod.text_batch(held, torch.Generator().manual_seed(123), 64, t["n"])
+    with torch.no_grad():
+        model.eval()
+        logits = model(tokens)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+    return {"held_out_loss": round(float(loss), 4)}
+
+
+def make(name: str, quick: bool = False, progress: bool = True):
+    """Train model `name` from its spec; return (model, record)."""
+    spec = copy.deepcopy(SPECS[name])
+    chars = None
+    if spec["task"] == "text":
+        chars = text_mod.CharTokenizer.from_text(text_mod.corpus_text()).chars
+    steps = QUICK_STEPS if quick else spec["steps"]
+    torch.manual_seed(spec["seed"])
+    model = build(spec, chars)
+    start = time.perf_counter()
+    history = train(model, _batch_fn(spec, chars), steps=steps, lr=spec["lr"], seed=spec["seed"],
+                    progress=progress, desc=name)
+    record = {"name": name, "spec": spec, "chars": chars, "steps_done": steps,
+              "final_loss": round(history.smoothed("loss", 50)[-1], 4),
+              "curve": {"every": CURVE_EVERY,  # training-batch accuracy, running mean of 20 steps
+                        "accuracy": [round(a, 3) for a in
+                                     history.smoothed("accuracy")[CURVE_EVERY - 1::CURVE_EVERY]]},
+              "result": measure(name, model, spec, chars),
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "seconds": round(time.perf_counter() - start, 1),
+              "made_with": {"torch": torch.__version__, "python": platform.python_version(),
+                            "threads": 1, "device": "cpu"},
+              "command": f"python -m course_lib.stacking.pretrained {name}"}
+    return model, record
+
+
+def save(model: torch.nn.Module, record: dict, folder: Path = DATA) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"ch10_{record['name']}.pt"
+    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    (folder / f"ch10_{record['name']}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def record(name: str, folder: Path = DATA) -> dict:
+    """The JSON record shipped with model `name`."""
+    path = Path(folder) / f"ch10_{name}.json"
+    if name not in SPECS:
+        raise ValueError(f"name should be one of {sorted(SPECS)}, got {name!r}")
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: make it with "
+                                f"`python -m course_lib.stacking.pretrained {name}`")
+    return json.loads(path.read_text())
+
+
+def load(name: str, folder: Path = DATA) -> torch.nn.Module:
+    """Model `name` with its shipped weights, in eval mode (the text model also gets
+    `.tokenizer`, its `CharTokenizer`)."""
+    rec = record(name, folder)
+    model = build(rec["spec"], rec["chars"])
+    state = torch.load(Path(folder) / f"ch10_{name}.pt", weights_only=True)
+    model.load_state_dict(state)
+    if rec["chars"] is not None:
+        model.tokenizer = text_mod.CharTokenizer(rec["chars"])
+    return model.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.stacking.pretrained",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help=f"any of {', '.join(SPECS)} (default: all)")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps each (tests)")
+    parser.add_argument("--out", type=Path, default=DATA, help=f"folder (default {DATA})")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.names if name not in SPECS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {', '.join(SPECS)}")
+    for name in args.names or list(SPECS):
+        model, rec = make(name, quick=args.quick, progress=sys.stderr.isatty())
+        path = save(model, rec, args.out)
+        print(f"{name}: {rec['steps_done']} steps in {rec['seconds']} s, {rec['result']} -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""Chapter 10's checkers pass right answers, name the planted and the usual mistakes, and turn
+every generic wrong answer into feedback."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from checker_cases import assert_feedback, generic_wrong_answers
+
+from course_lib.checks import ch10 as check
+from course_lib.models import TransformerBlock
+from course_lib.multihead import merge_heads, split_heads
+
+
+def make_block(kind="right"):
+    """A learner's transformer_block, right or with one of the usual mistakes."""
+
+    def block(x, p, num_heads, mask=None):
+        d = x.shape[-1]
+
+        def ln(t, i):
+            return F.layer_norm(t, (d,), p[f"ln{i}.weight"], p[f"ln{i}.bias"])
+
+        def lin(t, name):
+            return F.linear(t, p[f"{name}.weight"], p[f"{name}.bias"])
+
+        def attn(t):
+            q, k, v = (split_heads(lin(t, f"attn.{c}_proj"), num_heads) for c in "qkv")
+            width = d if kind == "scale_d_model" else d // num_heads
+            scores = q @ k.transpose(-2, -1) / math.sqrt(width)
+            if mask is not None and kind != "no_mask":
+                scores = scores.masked_fill(~mask, float("-inf"))
+            return lin(merge_heads(torch.softmax(scores, dim=-1) @ v), "attn.out_proj")
+
+        def mlp(t):
+            act = torch.relu if kind == "relu" else F.gelu
+            return lin(act(lin(t, "mlp.0")), "mlp.2")
+
+        if kind == "post_ln":
+            x = ln(x + attn(x), 1)
+            return ln(x + mlp(x), 2)
+        if kind == "normed_residual":
+            h = ln(x, 1)
+            x = h + attn(h)
+            h = ln(x, 2)
+            return h + mlp(h)
+        if kind == "no_residual":
+            return mlp(ln(attn(ln(x, 1)), 2))
+        if kind == "one_sublayer":
+            return x + attn(ln(x, 1))
+        x = x + attn(ln(x, 1))
+        return x + mlp(ln(x, 2))
+
+    return block
+
+
+def ablate_ok(w, head, num_heads):
+    d_head = w.shape[0] // num_heads
+    w = w.clone()
+    w[:, head * d_head:(head + 1) * d_head] = 0
+    return w
+
+
+def ablate_rows(w, head, num_heads):  # the planted bug of exercise 2
+    d_head = w.shape[0] // num_heads
+    w = w.clone()
+    w[head * d_head:(head + 1) * d_head, :] = 0
+    return w
+
+
+def ablate_in_place(w, head, num_heads):
+    d_head = w.shape[0] // num_heads
+    w[:, head * d_head:(head + 1) * d_head] = 0
+    return w
+
+
+def by_reference(x, p, num_heads, mask=None):
+    block = TransformerBlock(x.shape[-1], num_heads, p["mlp.0.weight"].shape[0]).double()
+    block.load_state_dict(p)
+    return block(x, mask)
+
+
+CORRECT = [
+    (check.transformer_block, make_block()),
+    (check.transformer_block, lambda *a: make_block()(*a).numpy()),
+    (check.ablate_head, ablate_ok),
+]
+GENERIC_WRONG = generic_wrong_answers("think about it")
+REFERENCE_CALLS = [(check.transformer_block, by_reference)]
+
+
+@pytest.mark.parametrize("checker, answer", CORRECT)
+def test_right_answers_pass(checker, answer, capsys):
+    checker(answer)
+    assert capsys.readouterr().out.startswith("✔")
+
+
+@pytest.mark.parametrize("checker", [check.transformer_block, check.ablate_head])
+@pytest.mark.parametrize("wrong, words", GENERIC_WRONG)
+def test_generic_wrong_answers_give_feedback(checker, wrong, words):
+    assert_feedback(checker, wrong, words)
+
+
+def test_calling_the_course_block_earns_nothing():
+    assert_feedback(check.transformer_block, by_reference, "calls the course's own")
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("post_ln", "POST-LN"),
+    ("normed_residual", "NORMALISED stream"),
+    ("no_residual", "residual connections are missing"),
+    ("relu", "ReLU"),
+    ("scale_d_model", "√d_model"),
+    ("no_mask", "mask is ignored"),
+    ("one_sublayer", "differs from the expected values"),
+])
+def test_block_mistakes_are_named(kind, words):
+    assert_feedback(check.transformer_block, make_block(kind), words)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (ablate_rows, "ROWS of W_O were zeroed"),
+    (lambda w, head, num_heads: w.clone(), "unchanged"),
+    (ablate_in_place, "changed the out_weight it was given"),
+    (lambda w, head, num_heads: torch.zeros_like(w), "only the columns of head"),
+])
+def test_ablation_mistakes_are_named(wrong, words):
+    assert_feedback(check.ablate_head, wrong, words)
+
+
+@pytest.mark.parametrize("checker, answer", [(check.transformer_block, make_block()),
+                                             (check.ablate_head, ablate_ok)])
+@pytest.mark.parametrize("seed", [3, 2**33 + 1])
+def test_right_answers_pass_the_hidden_cases(checker, answer, seed):
+    from course_lib.checks._protocol import decode, encode, run_cases
+
+    cases = checker.cases(seed, True)
+    assert len(cases) > len(checker.cases(seed, False))
+    message = checker.judge(cases, run_cases(checker, (answer,), decode(encode(cases))))
+    assert message.startswith(checker.name)
+
+
+def test_every_check_has_tiered_hints_without_code_in_the_first():
+    for c in (check.transformer_block, check.ablate_head, check.one_layer_accuracy,
+              check.ablated_accuracy):
+        assert len(c.hints) >= 3 and "solutions/10_the_transformer.ipynb" in c.hints[-1]
+        assert not any(s in c.hints[0] for s in ("(", "=", "[", "torch", "F."))
