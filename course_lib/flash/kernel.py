@@ -394,13 +394,21 @@ def shared_bytes_estimate(kernel: str, block_m: int, block_n: int, num_stages: i
 def configs_for(kernel: str, head_dim: int, elem_bytes: int,
                 shared_limit: int = SM90_SHARED_BYTES) -> list[tuple]:
     """The table's entries for one head dim and element size whose shared memory fits
-    `shared_limit`; the smallest entry if none does (Triton then reports the shortfall)."""
+    `shared_limit`. On a GPU with less than sm_90's (none fits): the first entry that fits with
+    fewer pipeline stages, else the smallest one (Triton then reports the shortfall)."""
     table = CONFIGS[kernel][(elem_bytes, head_dim)]
-    kept = [c for c in table if shared_bytes_estimate(kernel, c[0], c[1], c[3], head_dim,
-                                                      elem_bytes) <= shared_limit]
+
+    def fits(c):
+        return shared_bytes_estimate(kernel, c[0], c[1], c[3], head_dim, elem_bytes) <= shared_limit
+
+    kept = [c for c in table if fits(c)]
+    if not kept:
+        fewer = sorted(((*c[:3], s) for c in table for s in range(c[3] - 1, 0, -1)),
+                       key=lambda c: -c[3])  # as many stages as fit, then the table's order
+        kept = [c for c in fewer if fits(c)][:1] or [min(table, key=lambda c: c[0] * c[1])]
     if os.environ.get("COURSE_FLASH_AUTOTUNE", "1") == "0":  # tests: one config, fewer compiles
         kept = kept[:1]
-    return kept or [min(table, key=lambda c: c[0] * c[1] * c[3])]
+    return kept
 
 
 @functools.cache
@@ -414,16 +422,18 @@ def _pruner(kernel: str):
         q = named_args["Q"]
         limit = _shared_limit(q.device.index or 0) if q.is_cuda else SM90_SHARED_BYTES
         keep = configs_for(kernel, kwargs["HEAD_DIM"], q.element_size(), limit)
-        return [c for c in configs
-                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in keep]
+        return _configs(keep)
     return early_config_prune
 
 
-def _configs(kernel):
-    """Every entry of the kernel's table once, for the autotuner to prune from."""
-    every = dict.fromkeys(c for table in CONFIGS[kernel].values() for c in table)
+def _configs(entries):
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in every]
+            for bm, bn, w, s in entries]
+
+
+def _every(kernel):
+    """Every entry of the kernel's tables once: the autotuner's list, which `_pruner` narrows."""
+    return list(dict.fromkeys(c for table in CONFIGS[kernel].values() for c in table))
 
 
 def _even(args):
@@ -437,7 +447,8 @@ def _tune(fn, kernel, interpreted_config):
     fn = triton.heuristics({"EVEN": _even})(fn)
     if INTERPRET:
         return triton.autotune([triton.Config(interpreted_config)], key=[])(fn)
-    return triton.autotune(_configs(kernel), key=["TUNE_N_Q", "TUNE_N_KV", "HEAD_DIM", "CAUSAL"],
+    key = ["TUNE_N_Q", "TUNE_N_KV", "HEAD_DIM", "CAUSAL"]
+    return triton.autotune(_configs(_every(kernel)), key=key,
                            prune_configs_by={"early_config_prune": _pruner(kernel)})(fn)
 
 
