@@ -28,8 +28,8 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib.attention import scaled_dot_product_attention
-from course_lib.flash.measure import best_time
 from course_lib.masks import causal_mask
+from course_lib.measure import best_time, threads
 from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
 
 __all__ = ["Layer", "layer_flops", "count_flops", "attention_share", "crossover_length",
@@ -125,19 +125,21 @@ def crossover_from_counts(d_model: int, num_heads: int, d_mlp: int | None = None
 
 @torch.no_grad()
 def time_parts(lengths, d_model: int = 128, num_heads: int = 2, d_mlp: int | None = None,
-               repeats: int = 3, seed: int = 0) -> list[dict]:
+               repeats: int = 3, seed: int = 0, num_threads: int | None = 1) -> list[dict]:
     """Wall time (best of `repeats`, seconds) of a real `Layer`'s parts on this CPU, per n.
 
     projections: the Q, K, V and output maps; mlp: the MLP; attention: scores, mask, softmax and
     blend (chapter 02's scaled_dot_product_attention on the heads). One row per n with those
     three times and attention's share of their sum. LayerNorms and residual adds are left out.
+    Runs on `num_threads` CPU threads (None: torch's current setting).
     """
     torch.manual_seed(seed)
     layer = Layer(d_model, num_heads, d_mlp).eval()
     rows = []
-    for n in lengths:
-        times = _time_one(layer, _positive(n, "n"), num_heads, repeats)
-        rows.append({"n": int(n), **times, "share": times["attention"] / sum(times.values())})
+    with threads(num_threads):
+        for n in lengths:
+            times = _time_one(layer, _positive(n, "n"), num_heads, repeats)
+            rows.append({"n": int(n), **times, "share": times["attention"] / sum(times.values())})
     return rows
 
 
