@@ -44,13 +44,14 @@ CORRECT = [
 # Wrong answers every checker of this chapter must survive, with the words the feedback
 # must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
-    *generic_wrong_answers('torch.tanh(...)'),
+    *generic_wrong_answers(check.rnn_step.hints[0]),
 ]
 
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
+    (check.rnn_step, lambda x_t, h, W_xh, W_hh, b: recurrent.rnn_step(x_t, h, W_xh, W_hh, b)),
     (check.run_rnn, lambda x, W_xh, W_hh, b: _torch_rnn(x, W_hh.shape[0])),
     (check.gradient_vs_distance, lambda f, x: recurrent.gradient_vs_distance(f, x)),
 ]

@@ -9,136 +9,283 @@ import torch
 import torch.nn as nn
 
 import course_lib.recurrent as recurrent
-from course_lib.checks._core import call, expect_close, expect_shape, fail, forbid, passed, to_tensor
+from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._protocol import Check, each, hint
+
+__all__ = ["rnn_step", "run_rnn", "gradient_vs_distance", "memory_numbers", "hint"]
+
+SOLUTION = "solutions/06_attention_vs_recurrence.ipynb"
 
 
-def _randn(*shape, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+def _generator(exercise: int, seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
 
 
-def _params(d_in: int, d_h: int, seed: int):
+def _randn(g: torch.Generator, *shape, scale: float = 1.0) -> torch.Tensor:
+    return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def _params(g: torch.Generator, d_in: int, d_h: int) -> dict:
     s = 1 / math.sqrt(d_h)
-    return (_randn(d_h, d_in, seed=seed, scale=s), _randn(d_h, d_h, seed=seed + 1, scale=s),
-            _randn(d_h, seed=seed + 2, scale=s))
+    return {"W_xh": _randn(g, d_h, d_in, scale=s), "W_hh": _randn(g, d_h, d_h, scale=s),
+            "b": _randn(g, d_h, scale=s)}
 
 
-def rnn_step(fn) -> None:
-    """Exercise 1: rnn_step(x_t, h, W_xh, W_hh, b) -> tanh(x_t W_xhᵀ + h W_hhᵀ + b)."""
-    for seed, (B, d_in, d_h) in enumerate([(1, 3, 4), (4, 5, 8), (2, 6, 6)]):
-        W_xh, W_hh, b = _params(d_in, d_h, 10 * seed)
-        x_t, h = _randn(B, d_in, seed=100 + seed), _randn(B, d_h, seed=200 + seed)
-        want = torch.tanh(x_t @ W_xh.T + h @ W_hh.T + b)
-        got = call(fn, x_t.clone(), h.clone(), W_xh.clone(), W_hh.clone(), b.clone(), name="rnn_step")
-        t = to_tensor(got, "rnn_step(x_t, h, W_xh, W_hh, b)", dtype=torch.float64)
-        expect_shape(t, want.shape, "rnn_step(...)", hint="wanted (batch, d_hidden): one new summary per sequence.")
+def _step(x_t, h, W_xh, W_hh, b):
+    return torch.tanh(x_t @ W_xh.T + h @ W_hh.T + b)
+
+
+# ---------------------------------------------------------------- exercise 1
+
+def _step_cases(seed: int, hidden: bool) -> list:
+    g = _generator(1, seed)
+    sizes = [(1, 3, 4), (4, 5, 8), (2, 6, 6)] + ([(3, 1, 2), (2, 16, 4)] if hidden else [])
+    cases = [dict(_params(g, d_in, d_h), x_t=_randn(g, B, d_in), h=_randn(g, B, d_h))
+             for B, d_in, d_h in sizes]
+    # torch's own RNN cell, whose two biases add up to b
+    cell = {"x_t": _randn(g, 2, 3), "h": _randn(g, 2, 5), "W_xh": _randn(g, 5, 3),
+            "W_hh": _randn(g, 5, 5), "b_ih": _randn(g, 5), "b_hh": _randn(g, 5)}
+    return cases + [dict(cell, b=cell["b_ih"] + cell["b_hh"])]
+
+
+def _rnn_cell(case: dict) -> torch.Tensor:
+    cell = nn.RNNCell(case["W_xh"].shape[1], case["W_xh"].shape[0]).double()
+    with torch.no_grad():
+        for name, key in (("weight_ih", "W_xh"), ("weight_hh", "W_hh"), ("bias_ih", "b_ih"),
+                          ("bias_hh", "b_hh")):
+            getattr(cell, name).copy_(case[key])
+        return cell(case["x_t"], case["h"])
+
+
+def _step_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        x_t, h, W_xh, W_hh, b = (case[k] for k in ("x_t", "h", "W_xh", "W_hh", "b"))
+        want = _rnn_cell(case) if "b_ih" in case else _step(x_t, h, W_xh, W_hh, b)
+        what = "rnn_step vs torch.nn.RNNCell" if "b_ih" in case else "rnn_step(...)"
+        t = to_tensor(got, what, dtype=torch.float64)
+        expect_shape(t, want.shape, what, hint="wanted (batch, d_hidden): one new summary per "
+                     "sequence.")
         pre = x_t @ W_xh.T + h @ W_hh.T + b
         if torch.allclose(t, pre):
-            fail("rnn_step returns the sum before the non-linearity: wrap it in torch.tanh(...).")
+            fail("rnn_step returns the sum before the non-linearity: squash it with tanh.")
         if torch.allclose(t, torch.tanh(x_t @ W_xh.T + h @ W_hh.T)):
             fail("rnn_step leaves out the bias b: add it inside the tanh.")
         if torch.allclose(t, torch.tanh(x_t @ W_xh.T + b)):
-            fail("rnn_step ignores the previous summary h: add h @ W_hh.T, or nothing is carried on.")
-        if d_in == d_h and torch.allclose(t, torch.tanh(x_t @ W_xh + h @ W_hh + b)):
-            fail("the weights are used untransposed: W_xh has shape (d_hidden, d_in), so use x_t @ W_xh.T.")
-        expect_close(t, want, "rnn_step(...)", atol=1e-9,
-                     hint="h_new = tanh(x_t @ W_xh.T + h @ W_hh.T + b).")
-    # the same computation as torch's RNN cell
-    cell = nn.RNNCell(3, 5).double()
-    x_t, h = _randn(2, 3, seed=7), _randn(2, 5, seed=8)
-    with torch.no_grad():
-        want = cell(x_t, h)
-        got = call(fn, x_t, h, cell.weight_ih.detach(), cell.weight_hh.detach(),
-                   (cell.bias_ih + cell.bias_hh).detach(), name="rnn_step")
-    expect_close(got, want, "rnn_step vs torch.nn.RNNCell", atol=1e-9)
-    passed("rnn_step: h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), the same as torch.nn.RNNCell.")
+            fail("rnn_step ignores the previous summary h: without it nothing is carried on.")
+        square = W_xh.shape[0] == W_xh.shape[1]
+        if square and torch.allclose(t, torch.tanh(x_t @ W_xh + h @ W_hh + b)):
+            fail("the weights are used untransposed: W_xh has shape (d_hidden, d_in), so the "
+                 "token must meet its transpose.")
+        expect_close(t, want, what, atol=1e-9,
+                     hint="h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b).")
+    return "rnn_step: h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), the same as torch.nn.RNNCell."
 
 
-def run_rnn(fn) -> None:
-    """Exercise 2: run_rnn(x, W_xh, W_hh, b) -> (outputs (B, n, d_h), h_last (B, d_h))."""
-    with forbid((recurrent.RunningSummaryRNN, "forward"), (nn.RNN, "forward"), exercise="run_rnn"):
-        for seed, (B, n, d_in, d_h) in enumerate([(1, 4, 3, 5), (3, 7, 4, 6), (2, 1, 2, 3)]):
-            W_xh, W_hh, b = _params(d_in, d_h, 30 + 10 * seed)
-            x = _randn(B, n, d_in, seed=300 + seed)
-            h = torch.zeros(B, d_h, dtype=torch.float64)
+rnn_step = Check(
+    id="ch06.rnn_step",
+    cases=_step_cases,
+    run=lambda fn, case: call(fn, case["x_t"], case["h"], case["W_xh"], case["W_hh"], case["b"],
+                              name="rnn_step"),
+    judge=_step_judge,
+    forbid=((recurrent, "rnn_step"), (nn.RNNCell, "forward")),
+    hints=(
+        "The new summary mixes two things, the current token and the old summary, each through "
+        "its own weights, and squashes the result so it stays bounded.",
+        "Map the token with W_xh and the old summary with W_hh (both are stored (d_hidden, in), "
+        "so use their transposes on row vectors), add the bias, apply tanh.",
+        "h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), shape (batch, d_hidden).",
+        f"The worked answer is exercise 1 of {SOLUTION}.",
+    ),
+    grade_ids=("ch06_rnn_step_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 2
+
+def _run_cases(seed: int, hidden: bool) -> list:
+    g = _generator(2, seed)
+    sizes = [(1, 4, 3, 5), (3, 7, 4, 6), (2, 1, 2, 3)] + ([(2, 12, 3, 3)] if hidden else [])
+    return [dict(_params(g, d_in, d_h), x=_randn(g, B, n, d_in)) for B, n, d_in, d_h in sizes]
+
+
+def _run_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        x, W_xh, W_hh, b = (case[k] for k in ("x", "W_xh", "W_hh", "b"))
+        B, n, _ = x.shape
+        d_h = W_hh.shape[0]
+        h = torch.zeros(B, d_h, dtype=torch.float64)
+        outs = []
+        for t in range(n):
+            h = _step(x[:, t], h, W_xh, W_hh, b)
+            outs.append(h)
+        want_out, want_h = torch.stack(outs, dim=1), h
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            fail(f"run_rnn should return a pair (outputs, h_last), got {type(got).__name__}.")
+        out = to_tensor(got[0], "outputs", dtype=torch.float64)
+        h_last = to_tensor(got[1], "h_last", dtype=torch.float64)
+        if out.shape == (n, B, d_h) and n != B:
+            fail(f"outputs has shape {tuple(out.shape)} = (n, batch, d_hidden): stack the states "
+                 "along the position axis, dim=1, to get (batch, n, d_hidden).")
+        expect_shape(out, want_out.shape, "outputs",
+                     hint="wanted (batch, n, d_hidden): one summary per position.")
+        expect_shape(h_last, want_h.shape, "h_last",
+                     hint="wanted (batch, d_hidden): the summary after the last token.")
+        if n > 1 and torch.allclose(out, torch.tanh(x @ W_xh.T + b)):
+            fail("every output ignores the previous state: pass each step's h on to the next "
+                 "step.")
+        expect_close(out, want_out, "outputs", atol=1e-9,
+                     hint="start from a zero summary; at each position update it with rnn_step "
+                          "and keep every summary.")
+        expect_close(h_last, want_h, "h_last", atol=1e-9,
+                     hint="h_last is the state after the final step.")
+    return ("run_rnn: a running summary, updated position by position, equal to the loop it "
+            "should be.")
+
+
+run_rnn = Check(
+    id="ch06.run_rnn",
+    cases=_run_cases,
+    run=lambda fn, case: call(fn, case["x"], case["W_xh"], case["W_hh"], case["b"],
+                              name="run_rnn"),
+    judge=_run_judge,
+    forbid=((recurrent.RunningSummaryRNN, "forward"), (nn.RNN, "forward")),
+    hints=(
+        "A recurrence is a loop: the summary after position t is the step applied to token t "
+        "and the summary after position t - 1, starting from nothing.",
+        "Start from a zero summary of shape (batch, d_hidden), call your rnn_step once per "
+        "position, keep every summary, and stack them along the position axis.",
+        "h = zeros; for t in range(n): h = rnn_step(x[:, t], h, ...); outputs = stack of the h's "
+        "on dim=1; return (outputs, h).",
+        f"The worked answer is exercise 2 of {SOLUTION}.",
+    ),
+    grade_ids=("ch06_run_rnn_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 3
+
+def _gradient_cases(seed: int, hidden: bool) -> list:
+    g = _generator(3, seed)
+    cases = [{"model": "rnn", **_params(g, 4, 6), "x": _randn(g, 1, 7, 4)},
+             {"model": "attention", "W": _randn(g, 3, 4, 4, scale=0.5), "x": _randn(g, 1, 5, 4)}]
+    if hidden:
+        cases += [{"model": "rnn", **_params(g, 2, 3), "x": _randn(g, 1, 12, 2)},
+                  {"model": "attention", "W": _randn(g, 3, 2, 2), "x": _randn(g, 1, 2, 2)}]
+    return cases
+
+
+def _model(case: dict):
+    """The function whose gradients the learner measures, rebuilt from the case's weights."""
+    if case["model"] == "rnn":
+        W_xh, W_hh, b = case["W_xh"], case["W_hh"], case["b"]
+
+        def rnn_outputs(x):
+            h = x.new_zeros(x.shape[0], W_hh.shape[0])
             outs = []
-            for t in range(n):
-                h = torch.tanh(x[:, t] @ W_xh.T + h @ W_hh.T + b)
+            for t in range(x.shape[1]):
+                h = _step(x[:, t], h, W_xh, W_hh, b)
                 outs.append(h)
-            want_out, want_h = torch.stack(outs, dim=1), h
-            got = call(fn, x.clone(), W_xh.clone(), W_hh.clone(), b.clone(), name="run_rnn")
-            if not isinstance(got, (tuple, list)) or len(got) != 2:
-                fail(f"run_rnn should return a pair (outputs, h_last), got {type(got).__name__}.")
-            out = to_tensor(got[0], "outputs", dtype=torch.float64)
-            h_last = to_tensor(got[1], "h_last", dtype=torch.float64)
-            if out.shape == (n, B, d_h) and n != B:
-                fail(f"outputs has shape {tuple(out.shape)} = (n, batch, d_hidden): stack the states along "
-                     "dim=1 to get (batch, n, d_hidden).")
-            expect_shape(out, want_out.shape, "outputs", hint="wanted (batch, n, d_hidden): one summary per position.")
-            expect_shape(h_last, want_h.shape, "h_last", hint="wanted (batch, d_hidden): the summary after the last token.")
-            if n > 1:
-                no_carry = torch.tanh(x @ W_xh.T + b)
-                if torch.allclose(out, no_carry):
-                    fail("every output ignores the previous state: pass each step's h on to the next step.")
-            expect_close(out, want_out, "outputs", atol=1e-9,
-                         hint="start from h = zeros(batch, d_hidden); at each t: h = rnn_step(x[:, t], h, ...); keep every h.")
-            expect_close(h_last, want_h, "h_last", atol=1e-9, hint="h_last is the state after the final step.")
-    passed("run_rnn: a running summary, updated position by position, equal to the loop it should be.")
-
-
-def gradient_vs_distance(fn) -> None:
-    """Exercise 3: gradient_vs_distance(f, x) -> (n,), ‖∂ f(x)[0, -1] / ∂ x[0, j]‖ for every j."""
-    torch.manual_seed(0)
-    rnn = recurrent.RunningSummaryRNN(4, 6).double()
-    W = _randn(3, 4, 4, seed=50, scale=0.5)
-
-    def rnn_outputs(x):
-        return rnn(x)[0]
+            return torch.stack(outs, dim=1)
+        return rnn_outputs
+    W = case["W"]
 
     def attention_outputs(x):
         q, k, v = x @ W[0], x @ W[1], x @ W[2]
-        return torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1) @ v
-
-    with forbid((recurrent, "gradient_vs_distance"), exercise="gradient_vs_distance"):
-        for name, f, n in (("an RNN", rnn_outputs, 7), ("an attention layer", attention_outputs, 5)):
-            x = _randn(1, n, 4, seed=60 + n)
-            J = torch.autograd.functional.jacobian(lambda t: f(t)[0, -1], x)  # (d_out, 1, n, d)
-            want = J.pow(2).sum(dim=(0, 1, 3)).sqrt()
-            got = call(fn, f, x.clone(), name="gradient_vs_distance")
-            t = to_tensor(got, f"gradient_vs_distance on {name}", dtype=torch.float64)
-            expect_shape(t, (n,), f"gradient_vs_distance on {name}",
-                         hint="wanted one norm per input position, shape (n,).")
-            if torch.allclose(t, want.flip(0), atol=1e-9) and not torch.allclose(want, want.flip(0)):
-                fail("your norms come out in reverse: entry j should belong to input position j "
-                     "(the caller flips them to get distances).")
-            x_req = x.clone().requires_grad_(True)
-            (g_sum,) = torch.autograd.grad(f(x_req)[0, -1].sum(), x_req)
-            if torch.allclose(t, g_sum[0].norm(dim=-1), atol=1e-9):
-                fail("you took the gradient of the SUM of the last output's coordinates; the measure is the "
-                     "norm of the whole Jacobian block: one backward pass per output coordinate, then add "
-                     "the squared gradients (or use torch.autograd.functional.jacobian).")
-            expect_close(t, want, f"gradient_vs_distance on {name}", atol=1e-8, rtol=1e-6,
-                         hint="g[j] = sqrt(sum over output coordinates i and features of (d out[0, -1, i] / d x[0, j])²).")
-    passed("gradient_vs_distance: the Jacobian norm of the last output for every input position.")
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+    return attention_outputs
 
 
-def memory_numbers(fn) -> None:
-    """Exercise 4: memory_numbers(n, d, num_layers) -> (rnn_numbers, attention_numbers)."""
-    for n, d, layers in [(1, 1, 1), (16, 32, 1), (1000, 64, 2), (4096, 4096, 32)]:
-        got = call(fn, n, d, layers, name="memory_numbers")
+def _gradient_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        f, x = _model(case), case["x"]
+        name = "an RNN" if case["model"] == "rnn" else "an attention layer"
+        n = x.shape[1]
+        J = torch.autograd.functional.jacobian(lambda t, f=f: f(t)[0, -1], x)  # (d_out, 1, n, d)
+        want = J.pow(2).sum(dim=(0, 1, 3)).sqrt()
+        t = to_tensor(got, f"gradient_vs_distance on {name}", dtype=torch.float64)
+        expect_shape(t, (n,), f"gradient_vs_distance on {name}",
+                     hint="wanted one norm per input position, shape (n,).")
+        if torch.allclose(t, want.flip(0), atol=1e-9) and not torch.allclose(want, want.flip(0)):
+            fail("your norms come out in reverse: entry j should belong to input position j "
+                 "(the caller flips them to get distances).")
+        x_req = x.clone().requires_grad_(True)
+        (g_sum,) = torch.autograd.grad(f(x_req)[0, -1].sum(), x_req)
+        if torch.allclose(t, g_sum[0].norm(dim=-1), atol=1e-9) and \
+                not torch.allclose(want, g_sum[0].norm(dim=-1), atol=1e-9):
+            fail("you took the gradient of the SUM of the last output's coordinates; the measure "
+                 "is the norm of the whole Jacobian block: the gradient of every output "
+                 "coordinate, squared and added.")
+        expect_close(t, want, f"gradient_vs_distance on {name}", atol=1e-8, rtol=1e-6,
+                     hint="g[j] = sqrt(sum over output coordinates i and features of "
+                          "(d out[0, -1, i] / d x[0, j])²).")
+    return "gradient_vs_distance: the Jacobian norm of the last output for every input position."
+
+
+gradient_vs_distance = Check(
+    id="ch06.gradient_vs_distance",
+    cases=_gradient_cases,
+    run=lambda fn, case: call(fn, _model(case), case["x"], name="gradient_vs_distance"),
+    judge=_gradient_judge,
+    forbid=((recurrent, "gradient_vs_distance"),),
+    hints=(
+        "Ask autograd how much the LAST output moves when you nudge input position j, for every "
+        "j; the size of that sensitivity is one norm per position.",
+        "The last output f(x)[0, -1] is a vector, so its derivative with respect to x is a whole "
+        "Jacobian. Compute it (one backward pass per output coordinate, or autograd's jacobian "
+        "helper) and reduce it to one number per position.",
+        "J = jacobian of f(x)[0, -1] w.r.t. x, shape (d_out, 1, n, d); g[j] = sqrt of the sum of "
+        "J² over every axis except the position axis.",
+        f"The worked answer is exercise 3 of {SOLUTION}.",
+    ),
+    grade_ids=("ch06_gradient_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 4
+
+def _memory_cases(seed: int, hidden: bool) -> list:
+    sizes = [(1, 1, 1), (16, 32, 1), (1000, 64, 2), (4096, 4096, 32)]
+    sizes += [(100_000, 4096, 32), (7, 3, 5)] if hidden else []
+    return [{"n": n, "d": d, "num_layers": layers} for n, d, layers in sizes]
+
+
+def _memory_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        n, d, layers = case["n"], case["d"], case["num_layers"]
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            fail(f"memory_numbers should return a pair (rnn_numbers, attention_numbers), got {type(got).__name__}.")
+            fail(f"memory_numbers should return a pair (rnn_numbers, attention_numbers), got "
+                 f"{type(got).__name__}.")
         try:
             rnn, attn = (int(v) for v in got)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RuntimeError):
             fail(f"memory_numbers should return two whole numbers, got {got!r}.")
         if rnn != d * layers:
-            if rnn == d:
+            if rnn == d and layers > 1:
                 fail("the RNN keeps one state of d numbers per layer: multiply by num_layers.")
-            fail(f"for d={d}, num_layers={layers} the RNN keeps {d * layers} numbers (d per layer), you said {rnn}; "
-                 "it does not depend on n.")
+            fail(f"for d={d}, num_layers={layers} the RNN keeps {d * layers} numbers (d per "
+                 f"layer), you said {rnn}; it does not depend on n.")
         if attn != 2 * n * d * layers:
             if attn == n * d * layers:
                 fail("attention keeps a key AND a value for every position: 2 · n · d per layer.")
-            fail(f"for n={n}, d={d}, num_layers={layers} attention keeps 2·n·d·layers = {2 * n * d * layers} "
-                 f"numbers, you said {attn}.")
-    passed("memory_numbers: d per layer for the RNN, 2·n·d per layer for attention's keys and values.")
+            fail(f"for n={n}, d={d}, num_layers={layers} attention keeps 2·n·d·layers = "
+                 f"{2 * n * d * layers} numbers, you said {attn}.")
+    return ("memory_numbers: d per layer for the RNN, 2·n·d per layer for attention's keys and "
+            "values.")
+
+
+memory_numbers = Check(
+    id="ch06.memory_numbers",
+    cases=_memory_cases,
+    run=lambda fn, case: call(fn, case["n"], case["d"], case["num_layers"],
+                              name="memory_numbers"),
+    judge=_memory_judge,
+    hints=(
+        "Count what each model must keep to produce the next output: the RNN only its summary, "
+        "attention everything it may look back at.",
+        "The RNN keeps one state vector per layer, whatever n is. Attention keeps, for every "
+        "earlier position and every layer, the key and the value it will be compared against.",
+        "RNN: d · num_layers numbers; attention: 2 · n · d · num_layers (keys and values).",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
+    ),
+    grade_ids=("ch06_memory_test",),
+)
