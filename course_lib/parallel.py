@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from course_lib.flash.measure import best_time
+from course_lib.measure import best_time
 
 
 def rnn_flops(n: int, d: int, batch: int) -> int:
