@@ -69,7 +69,7 @@ CORRECT = [
 # Wrong answers every checker of this chapter must survive, with the words the feedback
 # must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
-    *generic_wrong_answers('use pe[:, 0::2]'),
+    *generic_wrong_answers(check.sinusoidal_positions.hints[0]),
     (lambda *a: [float("nan")], "NaN|shape|returned nan|triple"),
 ]
 

@@ -9,9 +9,18 @@ import torch
 
 import course_lib.position as position
 from course_lib.attention import scaled_dot_product_attention as _sdpa
-from course_lib.checks._core import call, expect_close, expect_shape, fail, forbid, passed, to_tensor
+from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._protocol import Check, each, hint
 from course_lib.position import apply_rope as _rope
 from course_lib.position import sinusoidal_positions as _sinusoidal
+
+__all__ = ["sinusoidal_positions", "apply_rope", "cached_attention_step", "kv_cache_bytes", "hint"]
+
+SOLUTION = "solutions/07_order_and_memory.ipynb"
+
+
+def _generator(exercise: int, seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
 
 
 def _same(t: torch.Tensor, want: torch.Tensor, atol: float = 1e-5) -> bool:
@@ -20,34 +29,59 @@ def _same(t: torch.Tensor, want: torch.Tensor, atol: float = 1e-5) -> bool:
 
 # ---------------------------------------------------------------- exercise 1
 
-def sinusoidal_positions(fn) -> None:
-    """Exercise 1: sinusoidal_positions(n, d) -> (n, d): sin on even columns, cos on odd ones."""
-    with forbid((position, "sinusoidal_positions"), exercise="sinusoidal_positions"):
-        for n, d in [(6, 4), (20, 16), (1, 2), (50, 8)]:
-            what = f"sinusoidal_positions({n}, {d})"
-            got = call(fn, n, d, name="sinusoidal_positions")
-            want = _sinusoidal(n, d).double()
-            t = to_tensor(got, what, dtype=torch.float64)
-            if n != d and tuple(t.shape) == (d, n):
-                fail(f"{what} has shape {(d, n)}; expected (n, d) = {(n, d)}: one ROW per position.")
-            expect_shape(t, (n, d), what, "One row per position, one column per dimension.")
-            if not torch.isfinite(t).all():
-                fail(f"{what} contains NaN/inf: the frequencies are 10000 ** (-2i / d), which stay in (0, 1].")
-            if _same(t[:, [c ^ 1 for c in range(d)]], want):
-                fail("your sines and cosines are swapped: column 2i holds sin(pos * w_i) and column 2i+1 "
-                     "holds cos(pos * w_i) (row 0 should read 0, 1, 0, 1, ...).")
-            half = torch.cat([want[:, 0::2], want[:, 1::2]], dim=1)
-            if d > 2 and _same(t, half):
-                fail("you put all the sines first and all the cosines after them; the table INTERLEAVES "
-                     "them: column 2i is sin(pos * w_i), column 2i+1 is cos(pos * w_i). Assign with "
-                     "pe[:, 0::2] = ... and pe[:, 1::2] = ...")
-            if d > 2 and t.shape == want.shape and torch.allclose(t[:, :2], want[:, :2], atol=1e-5) \
-                    and not _same(t, want):
-                fail("your first column pair is right but later ones are not: the frequency of pair i is "
-                     "10000 ** (-2 * i / d), where 2i is the pair's first COLUMN index (0, 2, 4, ...).")
-            expect_close(t, want, what, atol=1e-5, rtol=1e-4,
-                         hint="PE[pos, 2i] = sin(pos / 10000 ** (2i / d)), PE[pos, 2i+1] = cos(same angle).")
-    passed("sinusoidal_positions: interleaved sin/cos at frequencies 10000^(-2i/d), shape (n, d).")
+def _sinusoidal_cases(seed: int, hidden: bool) -> list:
+    sizes = [(6, 4), (20, 16), (1, 2), (50, 8)] + ([(3, 64), (128, 32)] if hidden else [])
+    return [{"n": n, "d": d} for n, d in sizes]
+
+
+def _sinusoidal_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        n, d = case["n"], case["d"]
+        what = f"sinusoidal_positions({n}, {d})"
+        want = _sinusoidal(n, d).double()
+        t = to_tensor(got, what, dtype=torch.float64)
+        if n != d and tuple(t.shape) == (d, n):
+            fail(f"{what} has shape {(d, n)}; expected (n, d) = {(n, d)}: one ROW per position.")
+        expect_shape(t, (n, d), what, "One row per position, one column per dimension.")
+        if not torch.isfinite(t).all():
+            fail(f"{what} contains NaN/inf: the frequencies are 10000 ** (-2i / d), which stay "
+                 "in (0, 1].")
+        if _same(t[:, [c ^ 1 for c in range(d)]], want):
+            fail("your sines and cosines are swapped: column 2i holds sin(pos * w_i) and column "
+                 "2i+1 holds cos(pos * w_i) (row 0 should read 0, 1, 0, 1, ...).")
+        half = torch.cat([want[:, 0::2], want[:, 1::2]], dim=1)
+        if d > 2 and _same(t, half):
+            fail("you put all the sines first and all the cosines after them; the table "
+                 "INTERLEAVES them: column 2i is sin(pos * w_i), column 2i+1 is cos(pos * w_i).")
+        if d > 2 and n > 1 and t.shape == want.shape and \
+                torch.allclose(t[:, :2], want[:, :2], atol=1e-5) and not _same(t, want):
+            fail("your first column pair is right but later ones are not: the frequency of pair "
+                 "i is 10000 ** (-2 * i / d), where 2i is the pair's first COLUMN index "
+                 "(0, 2, 4, ...).")
+        expect_close(t, want, what, atol=1e-5, rtol=1e-4,
+                     hint="PE[pos, 2i] = sin(pos / 10000 ** (2i / d)), PE[pos, 2i+1] = cos(same "
+                          "angle).")
+    return "sinusoidal_positions: interleaved sin/cos at frequencies 10000^(-2i/d), shape (n, d)."
+
+
+sinusoidal_positions = Check(
+    id="ch07.sinusoidal_positions",
+    cases=_sinusoidal_cases,
+    run=lambda fn, case: call(fn, case["n"], case["d"], name="sinusoidal_positions"),
+    judge=_sinusoidal_judge,
+    forbid=((position, "sinusoidal_positions"),),
+    hints=(
+        "Each pair of columns is a clock ticking at its own speed, from fast to very slow: one "
+        "column holds the sine of the position's angle, its neighbour the cosine.",
+        "Pair i (columns 2i and 2i+1) turns at frequency 10000 to the power -2i/d. The angle of "
+        "row pos is pos times that frequency: fill the even columns with its sine and the odd "
+        "ones with its cosine.",
+        "PE[pos, 2i] = sin(pos · 10000^(-2i/d)), PE[pos, 2i+1] = cos(pos · 10000^(-2i/d)); an "
+        "(n, 1) column of positions times a (d/2,) row of frequencies gives all the angles.",
+        f"The worked answer is exercise 1 of {SOLUTION}.",
+    ),
+    grade_ids=("ch07_sinusoidal_test",),
+)
 
 
 # ---------------------------------------------------------------- exercise 2
@@ -62,117 +96,200 @@ def _rope_half(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
-def apply_rope(fn) -> None:
-    """Exercise 2: apply_rope(x, positions) rotates pair (x[2i], x[2i+1]) by positions * 10000^(-2i/d)."""
-    g = torch.Generator().manual_seed(7)
+def _rope_cases(seed: int, hidden: bool) -> list:
+    g = _generator(2, seed)
     cases = [(torch.randn(6, 4, generator=g, dtype=torch.float64), torch.arange(6)),
              (torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64), torch.arange(5)),
-             (torch.randn(7, 16, generator=g, dtype=torch.float64), torch.randint(0, 500, (7,), generator=g))]
-    with forbid((position, "apply_rope"), exercise="apply_rope"):
-        for x, positions in cases:
-            what = f"apply_rope(x of shape {tuple(x.shape)}, positions)"
-            got = call(fn, x.clone(), positions.clone(), name="apply_rope")
-            want = _rope(x, positions)
-            t = to_tensor(got, what, dtype=torch.float64)
-            expect_shape(t, x.shape, what, "RoPE returns a tensor shaped like x.")
-            if not torch.isfinite(t).all():
-                fail(f"{what} contains NaN/inf.")
-            if _same(t, x):
-                fail("your result equals x: nothing was rotated. Use the positions: the angle of pair i "
-                     "at position p is p * 10000 ** (-2i / d).")
-            if _same(t, _rope(x, -positions)):
-                fail("you rotate the wrong way: the new even entry is x_even*cos - x_odd*sin and the new "
-                     "odd entry is x_even*sin + x_odd*cos.")
-            if _same(t, _rope_half(x, positions)):
-                fail("you pair x[i] with x[i + d/2] (the 'rotate half' layout). This course pairs "
-                     "NEIGHBOURS: (x[..., 0::2], x[..., 1::2]), and puts the results back interleaved.")
-            if not torch.allclose(t.norm(dim=-1), x.norm(dim=-1), atol=1e-6, rtol=1e-6):
-                fail("the lengths of your rotated vectors changed; a rotation keeps them. Use the same "
-                     "angle for the cos and the sin of a pair, and cos/sin (not the angle itself).")
-            expect_close(t, want, what, atol=1e-6, rtol=1e-6,
-                         hint="Angles: positions[:, None] * 10000 ** (-arange(0, d, 2) / d), shape (n, d/2).")
-    passed("apply_rope: neighbouring pairs rotated by position * 10000^(-2i/d); lengths kept.")
+             (torch.randn(7, 16, generator=g, dtype=torch.float64),
+              torch.randint(0, 500, (7,), generator=g))]
+    if hidden:  # far positions: the relative-position property must hold there too
+        cases += [(torch.randn(4, 8, generator=g, dtype=torch.float64),
+                   torch.tensor([3, 7, 103, 107])),
+                  (torch.randn(1, 2, generator=g, dtype=torch.float64), torch.tensor([0]))]
+    return [{"x": x, "positions": p} for x, p in cases]
+
+
+def _rope_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        x, positions = case["x"], case["positions"]
+        what = f"apply_rope(x of shape {tuple(x.shape)}, positions)"
+        want = _rope(x, positions)
+        t = to_tensor(got, what, dtype=torch.float64)
+        expect_shape(t, x.shape, what, "RoPE returns a tensor shaped like x.")
+        if not torch.isfinite(t).all():
+            fail(f"{what} contains NaN/inf.")
+        moved = not _same(want, x)
+        if moved and _same(t, x):
+            fail("your result equals x: nothing was rotated. Use the positions: the angle of pair "
+                 "i at position p is p * 10000 ** (-2i / d).")
+        if moved and _same(t, _rope(x, -positions)):
+            fail("you rotate the wrong way: the new even entry is x_even*cos - x_odd*sin and the "
+                 "new odd entry is x_even*sin + x_odd*cos.")
+        if moved and x.shape[-1] > 2 and _same(t, _rope_half(x, positions)):
+            fail("you pair x[i] with x[i + d/2] (the 'rotate half' layout). This course pairs "
+                 "NEIGHBOURS, entries 2i and 2i+1, and puts the results back interleaved.")
+        if not torch.allclose(t.norm(dim=-1), x.norm(dim=-1), atol=1e-6, rtol=1e-6):
+            fail("the lengths of your rotated vectors changed; a rotation keeps them. Use the same "
+                 "angle for the cos and the sin of a pair, and cos/sin (not the angle itself).")
+        expect_close(t, want, what, atol=1e-6, rtol=1e-6,
+                     hint="The angle of pair i at position p is p * 10000 ** (-2i / d).")
+    return "apply_rope: neighbouring pairs rotated by position * 10000^(-2i/d); lengths kept."
+
+
+apply_rope = Check(
+    id="ch07.apply_rope",
+    cases=_rope_cases,
+    run=lambda fn, case: call(fn, case["x"], case["positions"], name="apply_rope"),
+    judge=_rope_judge,
+    forbid=((position, "apply_rope"),),
+    hints=(
+        "RoPE turns each pair of neighbouring features like the hand of a clock, by an angle "
+        "that grows with the position; a rotation changes direction, never length.",
+        "Pair i is (x[..., 2i], x[..., 2i+1]); at position p it turns by p · 10000^(-2i/d). "
+        "Rotate every pair of every row with the 2-D rotation formula, then put the pairs back "
+        "in place.",
+        "even' = even · cos θ - odd · sin θ, odd' = even · sin θ + odd · cos θ, with θ of shape "
+        "(n, d/2); interleave even' and odd' back into (..., n, d).",
+        f"The worked answer is exercise 2 of {SOLUTION}.",
+    ),
+    grade_ids=("ch07_rope_test",),
+)
 
 
 # ---------------------------------------------------------------- exercise 3
 
-def cached_attention_step(fn) -> None:
-    """Exercise 3: cached_attention_step(q_new, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache).
-
-    Generating token by token with it must give exactly the rows of full causal attention.
-    """
-    g = torch.Generator().manual_seed(8)
-    for B, H, n, d in [(1, 1, 5, 4), (2, 3, 6, 8)]:
+def _cached_cases(seed: int, hidden: bool) -> list:
+    g = _generator(3, seed)
+    sizes = [(1, 1, 5, 4), (2, 3, 6, 8)] + ([(1, 2, 9, 2)] if hidden else [])
+    cases = []
+    for B, H, n, d in sizes:
         q, k, v = torch.randn(3, B, H, n, d, generator=g, dtype=torch.float64)
-        full, _ = _sdpa(q, k, v, mask=torch.ones(n, n, dtype=torch.bool).tril())  # (B, H, n, d)
-        k_cache = torch.zeros(B, H, 0, d, dtype=torch.float64)  # nothing cached yet
-        v_cache = torch.zeros(B, H, 0, d, dtype=torch.float64)
-        for t in range(n):
-            result = call(fn, q[:, :, t:t + 1].clone(), k[:, :, t:t + 1].clone(), v[:, :, t:t + 1].clone(),
-                          k_cache, v_cache, name="cached_attention_step")
-            if result is None:
-                fail("cached_attention_step returned None: return the triple (out, k_cache, v_cache).")
-            if not (isinstance(result, tuple) and len(result) == 3):
-                size = f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""
-                fail(f"cached_attention_step should return a triple (out, k_cache, v_cache); it returned "
-                     f"{type(result).__name__}{size}.")
-            out, k_cache_new, v_cache_new = result
-            step = f"at step {t} (cache of {t} tokens before it)"
-            kc = to_tensor(k_cache_new, f"the returned k_cache {step}", dtype=torch.float64)
-            vc = to_tensor(v_cache_new, f"the returned v_cache {step}", dtype=torch.float64)
-            if t > 0 and tuple(kc.shape) == (B, H, 1, d) and torch.equal(kc, k[:, :, t:t + 1]):
-                fail(f"the returned k_cache {step} holds only the new key: concatenate it to the old "
-                     "cache instead of replacing the cache.")
-            if tuple(kc.shape) == (B, H, t, d):
-                fail(f"the returned k_cache {step} still holds {t} keys: append the new key with "
-                     "torch.cat([k_cache, k_new], dim=-2) and return the grown cache.")
-            expect_shape(kc, (B, H, t + 1, d), f"the returned k_cache {step}",
-                         "Keys are stacked along the token axis, dim=-2: (batch, heads, tokens, d).")
-            expect_shape(vc, (B, H, t + 1, d), f"the returned v_cache {step}")
-            expect_close(kc, k[:, :, :t + 1], f"the returned k_cache {step}", atol=1e-12, rtol=0,
-                         hint="Old keys first, the new key last.")
-            expect_close(vc, v[:, :, :t + 1], f"the returned v_cache {step}", atol=1e-12, rtol=0,
-                         hint="Old values first, the new value last.")
-            o = to_tensor(out, f"out {step}", dtype=torch.float64)
-            want = full[:, :, t:t + 1]
-            expect_shape(o, want.shape, f"out {step}", "One output row for the one new query: (batch, heads, 1, d).")
-            if t > 0:
-                w = torch.softmax(q[:, :, t:t + 1] @ k[:, :, :t + 1].transpose(-2, -1), dim=-1)
-                if _same(o, w @ v[:, :, :t + 1], atol=1e-9):
-                    fail(f"out {step} misses the 1/sqrt(d) scaling of the scores.")
-                if _same(o, v[:, :, t:t + 1], atol=1e-9):
-                    fail(f"out {step} is just the new value: the new query must attend over ALL cached keys.")
-            expect_close(o, want, f"out {step}", atol=1e-9, rtol=1e-9,
-                         hint="out = softmax(q_new @ k_cache.T / sqrt(d)) @ v_cache, with the caches "
-                              "already holding the new key and value; no mask is needed.")
-            k_cache, v_cache = k[:, :, :t + 1].clone(), v[:, :, :t + 1].clone()
-    passed("cached_attention_step: token by token, the same outputs as full causal attention.")
+        cases += [{"q": q, "k": k, "v": v, "t": t} for t in range(n)]  # one case per new token
+    return cases
+
+
+def _cached_run(fn, case):
+    q, k, v, t = case["q"], case["k"], case["v"], case["t"]
+    return call(fn, q[:, :, t:t + 1].clone(), k[:, :, t:t + 1].clone(), v[:, :, t:t + 1].clone(),
+                k[:, :, :t].clone(), v[:, :, :t].clone(), name="cached_attention_step")
+
+
+def _cached_judge(cases: list, outcomes: list) -> str:
+    for case, result in each(cases, outcomes):
+        q, k, v, t = case["q"], case["k"], case["v"], case["t"]
+        B, H, n, d = q.shape
+        if result is None:
+            fail("cached_attention_step returned None: return the triple (out, k_cache, v_cache).")
+        if not (isinstance(result, tuple) and len(result) == 3):
+            size = f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""
+            fail(f"cached_attention_step should return a triple (out, k_cache, v_cache); it "
+                 f"returned {type(result).__name__}{size}.")
+        out, k_cache_new, v_cache_new = result
+        step = f"at step {t} (cache of {t} tokens before it)"
+        kc = to_tensor(k_cache_new, f"the returned k_cache {step}", dtype=torch.float64)
+        vc = to_tensor(v_cache_new, f"the returned v_cache {step}", dtype=torch.float64)
+        if t > 0 and tuple(kc.shape) == (B, H, 1, d) and torch.equal(kc, k[:, :, t:t + 1]):
+            fail(f"the returned k_cache {step} holds only the new key: add it to the old cache "
+                 "instead of replacing the cache.")
+        if tuple(kc.shape) == (B, H, t, d):
+            fail(f"the returned k_cache {step} still holds {t} keys: append the new key along the "
+                 "token axis and return the grown cache.")
+        expect_shape(kc, (B, H, t + 1, d), f"the returned k_cache {step}",
+                     "Keys are stacked along the token axis, dim=-2: (batch, heads, tokens, d).")
+        expect_shape(vc, (B, H, t + 1, d), f"the returned v_cache {step}")
+        expect_close(kc, k[:, :, :t + 1], f"the returned k_cache {step}", atol=1e-12, rtol=0,
+                     hint="Old keys first, the new key last.")
+        expect_close(vc, v[:, :, :t + 1], f"the returned v_cache {step}", atol=1e-12, rtol=0,
+                     hint="Old values first, the new value last.")
+        o = to_tensor(out, f"out {step}", dtype=torch.float64)
+        full, _ = _sdpa(q, k, v, mask=torch.ones(n, n, dtype=torch.bool).tril())
+        want = full[:, :, t:t + 1]
+        expect_shape(o, want.shape, f"out {step}",
+                     "One output row for the one new query: (batch, heads, 1, d).")
+        if t > 0:
+            w = torch.softmax(q[:, :, t:t + 1] @ k[:, :, :t + 1].transpose(-2, -1), dim=-1)
+            if _same(o, w @ v[:, :, :t + 1], atol=1e-9) and not _same(want, w @ v[:, :, :t + 1]):
+                fail(f"out {step} misses the 1/sqrt(d) scaling of the scores.")
+            if _same(o, v[:, :, t:t + 1], atol=1e-9):
+                fail(f"out {step} is just the new value: the new query must attend over ALL "
+                     "cached keys.")
+        expect_close(o, want, f"out {step}", atol=1e-9, rtol=1e-9,
+                     hint="The new query attends over every cached key, the new one included; no "
+                          "mask is needed.")
+    return "cached_attention_step: token by token, the same outputs as full causal attention."
+
+
+cached_attention_step = Check(
+    id="ch07.cached_attention_step",
+    cases=_cached_cases,
+    run=_cached_run,
+    judge=_cached_judge,
+    hints=(
+        "When generating, only the newest token is new: keep every earlier key and value, add "
+        "the new ones, and let the one new query attend over all of them.",
+        "Append k_new and v_new to their caches along the token axis (old first). Score q_new "
+        "against every cached key, scaled by sqrt(d), softmax, and blend the cached values. No "
+        "mask: nothing in the cache lies in the future.",
+        "k_cache = cat([k_cache, k_new], dim=-2) (same for v); out = softmax(q_new k_cacheᵀ / "
+        "sqrt(d)) v_cache; return (out, k_cache, v_cache).",
+        f"The worked answer is exercise 3 of {SOLUTION}.",
+    ),
+    grade_ids=("ch07_cached_step_test",),
+)
 
 
 # ---------------------------------------------------------------- exercise 4
 
-def kv_cache_bytes(fn) -> None:
-    """Exercise 4: kv_cache_bytes(num_layers, num_heads, n, d_head, bytes_per_element, batch) -> int."""
-    cases = [(3, 4, 256, 32, 4, 1), (12, 12, 1024, 64, 2, 1), (2, 8, 100, 16, 4, 3), (32, 32, 4096, 128, 2, 8)]
-    for layers, heads, n, d_head, size, batch in cases:
-        args = dict(num_layers=layers, num_heads=heads, n=n, d_head=d_head, bytes_per_element=size, batch=batch)
-        what = "kv_cache_bytes(" + ", ".join(f"{k}={v}" for k, v in args.items()) + ")"
-        got = call(fn, layers, heads, n, d_head, size, batch, name="kv_cache_bytes")
+_BYTES_ARGS = ("num_layers", "num_heads", "n", "d_head", "bytes_per_element", "batch")
+
+
+def _bytes_cases(seed: int, hidden: bool) -> list:
+    sizes = [(3, 4, 256, 32, 4, 1), (12, 12, 1024, 64, 2, 1), (2, 8, 100, 16, 4, 3),
+             (32, 32, 4096, 128, 2, 8)]
+    sizes += [(1, 1, 1, 1, 1, 1), (80, 64, 32768, 128, 2, 4)] if hidden else []
+    return [dict(zip(_BYTES_ARGS, size)) for size in sizes]
+
+
+def _bytes_judge(cases: list, outcomes: list) -> str:
+    for case, got in each(cases, outcomes):
+        layers, heads, n, d_head, size, batch = (case[k] for k in _BYTES_ARGS)
+        what = "kv_cache_bytes(" + ", ".join(f"{k}={v}" for k, v in case.items()) + ")"
         want = 2 * layers * batch * heads * n * d_head * size
         t = to_tensor(got, what, dtype=torch.float64)
         if t.numel() != 1:
-            fail(f"{what} returned {t.numel()} numbers (shape {tuple(t.shape)}); return one count of bytes.")
+            fail(f"{what} returned {t.numel()} numbers (shape {tuple(t.shape)}); return one count "
+                 "of bytes.")
         value = float(t.reshape(()))
         if not math.isfinite(value):
             fail(f"{what} returned {value}.")
         if value == want / 2:
-            fail(f"{what} = {value:.0f} is half the answer: the cache holds K AND V, two tensors per layer.")
+            fail(f"{what} = {value:.0f} is half the answer: the cache holds K AND V, two tensors "
+                 "per layer.")
         if value == want / batch and batch > 1:
-            fail(f"{what} = {value:.0f} forgets the batch: every sequence keeps its own keys and values.")
+            fail(f"{what} = {value:.0f} forgets the batch: every sequence keeps its own keys and "
+                 "values.")
         if value == want / size and size > 1:
             fail(f"{what} = {value:.0f} counts elements, not bytes: multiply by bytes_per_element.")
         if value == want / layers and layers > 1:
             fail(f"{what} = {value:.0f} counts one layer: every layer caches its own K and V.")
         if value != want:
-            fail(f"{what} = {value:.0f}, expected {want}: 2 x layers x batch x heads x n x d_head x bytes.")
-    passed("kv_cache_bytes: 2 x layers x batch x heads x n x d_head x bytes per element.")
+            fail(f"{what} = {value:.0f}, expected {want}: 2 x layers x batch x heads x n x d_head "
+                 "x bytes.")
+    return "kv_cache_bytes: 2 x layers x batch x heads x n x d_head x bytes per element."
+
+
+kv_cache_bytes = Check(
+    id="ch07.kv_cache_bytes",
+    cases=_bytes_cases,
+    run=lambda fn, case: call(fn, *(case[k] for k in _BYTES_ARGS), name="kv_cache_bytes"),
+    judge=_bytes_judge,
+    hints=(
+        "Count what the cache stores: for every layer, a key tensor and a value tensor covering "
+        "every sequence of the batch, every head and every token so far.",
+        "One cached tensor holds batch x heads x n x d_head numbers; there are two of them (K "
+        "and V) in each layer, and each number takes bytes_per_element bytes.",
+        "bytes = 2 · num_layers · batch · num_heads · n · d_head · bytes_per_element.",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
+    ),
+    grade_ids=("ch07_cache_bytes_test",),
+)
