@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from course_lib.models.one_layer import (
+    Aligner,
     CopyPrevious,
     KindLookup,
     copy_previous_batch,
     kind_lookup_batch,
+    reverse_translate_batch,
 )
 from course_lib.train import evaluate, train
 
@@ -100,3 +102,47 @@ def test_bad_sizes_raise_value_errors_naming_the_argument(bad):
         kind_lookup_batch(torch.Generator(), size=bad)
     with pytest.raises(ValueError, match="n should be a positive int"):
         copy_previous_batch(torch.Generator(), n=bad)
+
+
+def test_reverse_translate_targets_are_the_reversed_translation():
+    source, target = reverse_translate_batch(torch.Generator().manual_seed(0), size=5, vocab=7,
+                                             n=4)
+    assert source.shape == target.shape == (5, 4)
+    for t in range(4):
+        assert torch.equal(target[:, t], (source[:, 3 - t] + 1) % 7)
+
+
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_aligner_scores_follow_their_formulas(score):
+    model = Aligner(score, vocab=9, n=5, d=8)
+    q, k = torch.randn(5, 8), torch.randn(3, 5, 8)
+    got = model.scores(q, k)                                               # (3, 5, 5)
+    expected = torch.empty(3, 5, 5)
+    for b in range(3):
+        for t in range(5):
+            for j in range(5):
+                if score == "dot":
+                    expected[b, t, j] = q[t] @ k[b, j] / math.sqrt(8)
+                else:
+                    hidden = torch.tanh(q[t] @ model.W_a + k[b, j] @ model.U_a)
+                    expected[b, t, j] = model.w_a @ hidden
+    torch.testing.assert_close(got, expected)
+    source, _ = reverse_translate_batch(torch.Generator().manual_seed(1), size=3, vocab=9, n=5)
+    logits, weights = model(source)
+    assert logits.shape == (3, 5, 9) and weights.shape == (3, 5, 5)
+
+
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_both_scores_learn_the_alignment(score):
+    model = Aligner(score)
+    train(model, reverse_translate_batch, steps=150, lr=1e-2, seed=0, progress=False)
+    test = reverse_translate_batch(torch.Generator().manual_seed(7), size=300)
+    assert evaluate(model, *test) > 0.9
+    with torch.no_grad():
+        weights = model(test[0])[1].mean(0)                                # (n_t, n_s)
+    assert weights.flip(-1).diagonal().min() > 0.8               # target t -> source n-1-t
+
+
+def test_aligner_rejects_an_unknown_score():
+    with pytest.raises(ValueError, match="score should be 'dot' or 'additive'"):
+        Aligner("cosine")

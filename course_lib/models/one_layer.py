@@ -1,4 +1,4 @@
-"""One attention layer and two tasks: the experiments of chapters 02 and 03.
+"""One attention layer and its tasks: the experiments of chapters 02 and 03.
 
 * `KindLookup` + `kind_lookup_batch` (chapter 02, keys vs values): every token has a *kind* and a
   *content*; the query names a kind and the answer is the content of the token of that kind. The
@@ -7,6 +7,9 @@
 * `CopyPrevious` + `copy_previous_batch` (chapter 03, the scale in training): each token must
   output the word of the token before it (on a circle, as in chapter 02), through attention's
   blend of values; `scaled=False` drops the 1/sqrt(d_k).
+* `Aligner` + `reverse_translate_batch` (chapter 02, where the dot product came from): a toy
+  translation whose target positions must align with source positions, scored either by a dot
+  product or by additive attention, the score attention was introduced with.
 
 Both models return `(logits, weights)`, so `course_lib.train.train` can train them and a notebook
 can plot what they attend to. Every parameter is drawn from the model's own seeded generator.
@@ -128,3 +131,65 @@ class CopyPrevious(nn.Module):
         q, k, v = x @ self.W_Q, x @ self.W_K, x @ self.W_V              # (B, n, d_k | d_model)
         weights = torch.softmax(q @ k.transpose(-2, -1) * self.scale, dim=-1)   # (B, n, n)
         return weights @ v @ self.W_O + self.b_O, weights                       # (B, n, vocab)
+
+
+# --- chapter 02: where the dot product came from ---------------------------------------------
+
+
+def reverse_translate_batch(generator: torch.Generator, size: int = 32, vocab: int = 20,
+                            n: int = 6):
+    """A toy translation: the target is the source sentence reversed, word by word translated.
+
+    Source words are ids 0..vocab-1; the target word at position t is the translation
+    `(w + 1) % vocab` of the source word at position n-1-t, so target t must align with source
+    n-1-t. Returns `(source_ids, target_ids)`, both (size, n).
+    """
+    for name, value in (("size", size), ("vocab", vocab), ("n", n)):
+        _positive_int(name, value)
+    source = torch.randint(vocab, (size, n), generator=generator)                          # (B, n)
+    return source, (source.flip(-1) + 1) % vocab
+
+
+class Aligner(nn.Module):
+    """Each target position asks for the source word it translates, with one of two scores.
+
+    keys and values come from the source (word + position embeddings), the query of target
+    position t is a learned embedding of t. score="dot": q . k / sqrt(d), one matrix product for
+    all pairs; score="additive" (Bahdanau et al., 2014): w . tanh(W_a q + U_a k), a small network
+    evaluated on every (target, source) pair.
+    """
+
+    def __init__(self, score: str = "dot", vocab: int = 20, n: int = 6, d: int = 16,
+                 seed: int = 0):
+        super().__init__()
+        if score not in ("dot", "additive"):
+            raise ValueError(f"score should be 'dot' or 'additive', got {score!r}")
+        for name, value in (("vocab", vocab), ("n", n), ("d", d)):
+            _positive_int(name, value)
+        g = torch.Generator().manual_seed(seed)
+        self.word_emb = _init(g, vocab, d, std=1.0)
+        self.source_pos = _init(g, n, d, std=1.0)
+        self.target_pos = _init(g, n, d, std=1.0)             # the queries
+        self.W_K = _init(g, d, d, std=1 / math.sqrt(d))
+        self.W_V = _init(g, d, d, std=1 / math.sqrt(d))
+        if score == "additive":
+            self.W_a = _init(g, d, d, std=1 / math.sqrt(d))
+            self.U_a = _init(g, d, d, std=1 / math.sqrt(d))
+            self.w_a = _init(g, d, std=1 / math.sqrt(d))
+        self.W_O = _init(g, d, vocab, std=1 / math.sqrt(d))
+        self.b_O = nn.Parameter(torch.zeros(vocab))
+        self.score, self.d = score, d
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """q (n_t, d), k (B, n_s, d) -> scores (B, n_t, n_s)."""
+        if self.score == "dot":
+            return q @ k.transpose(-2, -1) / math.sqrt(self.d)              # one matmul
+        hidden = torch.tanh((q @ self.W_a)[:, None, :] + (k @ self.U_a)[:, None, :, :])
+        return hidden @ self.w_a                                # hidden: (B, n_t, n_s, d)
+
+    def forward(self, source_ids):
+        n = source_ids.shape[-1]
+        x = self.word_emb[source_ids] + self.source_pos[:n]                 # (B, n_s, d)
+        k, v = x @ self.W_K, x @ self.W_V                                   # (B, n_s, d)
+        weights = torch.softmax(self.scores(self.target_pos[:n], k), -1)   # (B, n_t, n_s)
+        return weights @ v @ self.W_O + self.b_O, weights                   # (B, n_t, vocab)
