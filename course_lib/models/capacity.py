@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib.models.small import RecurrentModel, recall_batch
+from course_lib.models.recall import RecurrentModel, recall_batch
 from course_lib.train import evaluate, train
 
 # The recorded sweep: chapter 06 plots it (capacity_results.RESULTS).
