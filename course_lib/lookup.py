@@ -38,9 +38,11 @@ def _check(query, keys, values):
     use_torch = any(_is_torch(a) for a in arrays.values())
     for name, a in arrays.items():
         if not (_is_torch(a) or isinstance(a, np.ndarray)):
-            raise TypeError(f"{name} must be a numpy array (or torch tensor), got {type(a).__name__}")
+            raise TypeError(f"{name} must be a numpy array (or torch tensor), "
+                            f"got {type(a).__name__}")
         if use_torch and not _is_torch(a):
-            raise TypeError(f"{name} is a numpy array but another argument is a torch tensor: pass one kind")
+            raise TypeError(f"{name} is a numpy array but another argument is a torch tensor: "
+                            "pass one kind")
     if query.ndim != 1:
         raise ValueError(f"query must be one vector of shape (d,), got shape {tuple(query.shape)}")
     if keys.ndim != 2:

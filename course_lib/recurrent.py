@@ -36,9 +36,11 @@ def rnn_step(x_t: torch.Tensor, h: torch.Tensor, W_xh: torch.Tensor, W_hh: torch
     if x_t.shape[-1] != W_xh.shape[1]:
         raise ValueError(f"x_t has d_in={x_t.shape[-1]} but W_xh has shape {tuple(W_xh.shape)}, "
                          f"wanted (d_hidden, {x_t.shape[-1]})")
-    if h.shape[-1] != W_hh.shape[0] or W_hh.shape[0] != W_hh.shape[1] or W_xh.shape[0] != W_hh.shape[0]:
+    d_hidden = W_hh.shape[0]
+    if h.shape[-1] != d_hidden or W_hh.shape[1] != d_hidden or W_xh.shape[0] != d_hidden:
         raise ValueError(f"h has shape {tuple(h.shape)}, W_hh {tuple(W_hh.shape)}, W_xh "
-                         f"{tuple(W_xh.shape)}: wanted h (batch, d_hidden), W_hh (d_hidden, d_hidden)")
+                         f"{tuple(W_xh.shape)}: wanted h (batch, d_hidden), "
+                         "W_hh (d_hidden, d_hidden)")
     pre = x_t @ W_xh.T + h @ W_hh.T  # (batch, d_hidden)
     if b is not None:
         pre = pre + b
@@ -48,7 +50,8 @@ def rnn_step(x_t: torch.Tensor, h: torch.Tensor, W_xh: torch.Tensor, W_hh: torch
 class RunningSummaryRNN(nn.Module):
     """An Elman RNN: one tanh update per position, a state of `d_hidden` numbers whatever n is.
 
-    forward(x) with x (batch, n, d_in) returns (outputs (batch, n, d_hidden), h_last (batch, d_hidden)).
+    forward(x) with x (batch, n, d_in) returns (outputs (batch, n, d_hidden),
+    h_last (batch, d_hidden)).
     """
 
     def __init__(self, d_in: int, d_hidden: int):
@@ -76,9 +79,11 @@ class RunningSummaryRNN(nn.Module):
     def load_torch_weights(self, rnn: nn.RNN) -> RunningSummaryRNN:
         """Copy the weights of a one-layer, tanh, unidirectional `torch.nn.RNN` with biases."""
         if not isinstance(rnn, nn.RNN):
-            raise ValueError(f"rnn should be a torch.nn.RNN, got {type(rnn).__name__}")
-        if (rnn.num_layers, rnn.nonlinearity, rnn.bidirectional, rnn.bias) != (1, "tanh", False, True):
-            raise ValueError("rnn should have num_layers=1, nonlinearity='tanh', bidirectional=False, bias=True")
+            raise ValueError(f"rnn must be a torch.nn.RNN, got {type(rnn).__name__}")
+        plain = (rnn.num_layers, rnn.nonlinearity, rnn.bidirectional, rnn.bias)
+        if plain != (1, "tanh", False, True):
+            raise ValueError("rnn must have num_layers=1, nonlinearity='tanh', "
+                             "bidirectional=False, bias=True")
         if (rnn.input_size, rnn.hidden_size) != (self.d_in, self.d_hidden):
             raise ValueError(f"rnn has input_size={rnn.input_size}, hidden_size={rnn.hidden_size}; "
                              f"wanted {self.d_in}, {self.d_hidden}")
@@ -115,8 +120,10 @@ def gradient_vs_distance(fn, x: torch.Tensor) -> torch.Tensor:
 
 
 def state_memory(n: int, d: int, num_layers: int = 1, bytes_per_number: int = 4) -> dict[str, int]:
-    """Numbers (and bytes) kept about the past after n positions: RNN summary vs attention's K and V."""
-    n, d, num_layers = check_count(n, "n"), check_count(d, "d"), check_count(num_layers, "num_layers")
+    """Numbers (and bytes) kept about the past after n positions: RNN summary vs attention's K
+    and V."""
+    n, d = check_count(n, "n"), check_count(d, "d")
+    num_layers = check_count(num_layers, "num_layers")
     rnn = d * num_layers
     kv = 2 * n * d * num_layers
     return {"n": n, "rnn_numbers": rnn, "attention_numbers": kv,

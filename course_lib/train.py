@@ -89,7 +89,8 @@ def _logits(output):
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def train(model: nn.Module, batch_fn: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]],
+def train(model: nn.Module,
+          batch_fn: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]],
           steps: int, lr: float = 3e-3, seed: int = 0, *, weight_decay: float = 0.0,
           clip: float | None = 1.0, progress: bool = True, desc: str = "training") -> History:
     """Train `model` with AdamW for `steps` batches from `batch_fn`; return the `History`.
@@ -119,8 +120,9 @@ def train(model: nn.Module, batch_fn: Callable[[torch.Generator], tuple[torch.Te
             inputs, targets = _to(inputs, device), _to(targets, device)
             logits = _logits(model(inputs))
             if logits.shape[:-1] != targets.shape:
-                raise ValueError(f"model output has shape {tuple(logits.shape)}, so targets should "
-                                 f"have shape {tuple(logits.shape[:-1])}; got {tuple(targets.shape)}")
+                raise ValueError(f"model output has shape {tuple(logits.shape)}, so targets "
+                                 f"should have shape {tuple(logits.shape[:-1])}; "
+                                 f"got {tuple(targets.shape)}")
             loss = cross_entropy(logits, targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

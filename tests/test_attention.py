@@ -43,7 +43,8 @@ def allowed_rows(mask, shape):
 # ---------------------------------------------------------------- softmax
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape,dim", [((7,), -1), ((3, 5), -1), ((3, 5), 0), ((2, 3, 4, 6), 1), ((2, 3, 4, 6), -1)])
+@pytest.mark.parametrize("shape,dim", [((7,), -1), ((3, 5), -1), ((3, 5), 0), ((2, 3, 4, 6), 1),
+                                       ((2, 3, 4, 6), -1)])
 def test_softmax_matches_torch(shape, dim, dtype):
     x = rand(*shape, dtype=dtype, seed=len(shape)) * 3
     torch.testing.assert_close(softmax(x, dim=dim), torch.softmax(x, dim=dim), **TOL[dtype])
@@ -138,7 +139,8 @@ def test_matches_torch_sdpa(shape, dtype, mask_kind, seed):
 @pytest.mark.parametrize("scale", [0.1, 1.0, 3.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_custom_scale(scale, dtype):
-    q, k, v = rand(2, 5, 8, dtype=dtype), rand(2, 6, 8, dtype=dtype, seed=1), rand(2, 6, 3, dtype=dtype, seed=2)
+    q, k = rand(2, 5, 8, dtype=dtype), rand(2, 6, 8, dtype=dtype, seed=1)
+    v = rand(2, 6, 3, dtype=dtype, seed=2)
     out, weights = scaled_dot_product_attention(q, k, v, scale=scale)
     ref_out, ref_weights = reference(q, k, v, scale=scale)
     torch.testing.assert_close(out, ref_out, **TOL[dtype])
@@ -203,8 +205,10 @@ def test_gradients_match_sdpa_in_float64(mask_kind):
     mask = {"none": None, "bool": causal_mask(5, 6),
             "additive": as_additive(causal_mask(5, 6), torch.float64)}[mask_kind]
     upstream = rand(2, 3, 5, 3, dtype=torch.float64, seed=3)
-    ours = torch.autograd.grad((scaled_dot_product_attention(q, k, v, mask)[0] * upstream).sum(), (q, k, v))
-    ref = torch.autograd.grad((F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * upstream).sum(), (q, k, v))
+    ours = torch.autograd.grad((scaled_dot_product_attention(q, k, v, mask)[0] * upstream).sum(),
+                               (q, k, v))
+    ref = torch.autograd.grad((F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                               * upstream).sum(), (q, k, v))
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, **TOL[torch.float64])
 
@@ -214,7 +218,8 @@ def test_gradcheck_with_mask():
     k = rand(5, 4, dtype=torch.float64, seed=1, requires_grad=True)
     v = rand(5, 2, dtype=torch.float64, seed=2, requires_grad=True)
     mask = padding_mask([3], 5)[0]  # (1, 5)
-    assert torch.autograd.gradcheck(lambda q, k, v: scaled_dot_product_attention(q, k, v, mask), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: scaled_dot_product_attention(q, k, v, mask),
+                                    (q, k, v))
 
 
 def test_leading_dims_broadcast():
@@ -235,17 +240,20 @@ Q, K, V = torch.zeros(2, 5, 64), torch.zeros(2, 6, 64), torch.zeros(2, 6, 16)
 @pytest.mark.parametrize("args,kwargs,match", [
     ((Q, torch.zeros(2, 6, 32), V), {}, r"q has d_k=64 but k has d_k=32"),
     ((Q, K, torch.zeros(2, 7, 16)), {}, r"k has n_k=6 keys but v has 7 values"),
-    ((Q, torch.zeros(2, 0, 64), torch.zeros(2, 0, 16)), {}, r"k has shape \(2, 0, 64\), wanted at least one key"),
+    ((Q, torch.zeros(2, 0, 64), torch.zeros(2, 0, 16)), {},
+     r"k has shape \(2, 0, 64\), wanted at least one key"),
     ((Q.long(), K, V), {}, r"q must be a floating-point tensor.*int64"),
     ((Q, K.double(), V), {}, r"q is torch.float32, k is torch.float64"),
     ((Q, K, V.half()), {}, r"v is torch.float16"),
     ((torch.zeros(5), K, V), {}, r"q has shape \(5,\), wanted \(\.\.\., n_q, d_k\)"),
     (("q", K, V), {}, r"q must be a torch.Tensor, got str"),
-    ((Q, torch.zeros(3, 6, 64), torch.zeros(3, 6, 16)), {}, r"leading \(batch/head\) dims .* do not broadcast"),
+    ((Q, torch.zeros(3, 6, 64), torch.zeros(3, 6, 16)), {},
+     r"leading \(batch/head\) dims .* do not broadcast"),
     ((Q, K, V), {"mask": torch.ones(5, 7, dtype=torch.bool)},
      r"mask has shape \(5, 7\), wanted one that broadcasts to the scores' shape \(2, 5, 6\)"),
     ((Q, K, V), {"mask": torch.ones(3, 5, 6, dtype=torch.bool)}, r"mask has shape \(3, 5, 6\)"),
-    ((Q, K, V), {"mask": torch.ones(5, 6, dtype=torch.long)}, r"mask must be boolean .* got dtype torch.int64"),
+    ((Q, K, V), {"mask": torch.ones(5, 6, dtype=torch.long)},
+     r"mask must be boolean .* got dtype torch.int64"),
     ((Q, K, V), {"mask": [[True]]}, r"mask must be a torch.Tensor"),
     ((Q, K, V), {"mask": torch.full((5, 6), float("nan"))}, r"NaN or \+inf"),
     ((Q, K, V), {"scale": 0.0}, r"scale must be a finite number > 0"),

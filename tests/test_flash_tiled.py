@@ -26,7 +26,8 @@ def reference(q, k, v, causal=False, scale=None):
     return out, torch.logsumexp(scores, dim=-1)
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 1, 16), (2, 3, 17, 32), (1, 2, 100, 64), (3, 130, 8), (64, 16)])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 16), (2, 3, 17, 32), (1, 2, 100, 64), (3, 130, 8),
+                                   (64, 16)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("block_size", [16, 64, 512])
 def test_tiled_matches_sdpa(shape, causal, block_size):
@@ -95,10 +96,12 @@ def test_tiled_never_builds_the_grid():
 
 @pytest.mark.parametrize("args, match", [
     ((torch.randn(4, 8), torch.randn(4, 6), torch.randn(4, 6)), r"q has d_k=8 but k has d_k=6"),
-    ((torch.randn(2, 4, 8), torch.randn(3, 4, 8), torch.randn(3, 4, 8)), r"leading .* do not broadcast"),
+    ((torch.randn(2, 4, 8), torch.randn(3, 4, 8), torch.randn(3, 4, 8)),
+     r"leading .* do not broadcast"),
     ((torch.randn(4, 8), torch.randn(5, 8), torch.randn(6, 8)), r"k has n_k=5 keys but v has 6"),
     ((torch.randn(4, 8), torch.randn(4, 8).double(), torch.randn(4, 8)), r"share one dtype"),
-    ((torch.randn(8), torch.randn(4, 8), torch.randn(4, 8)), r"q has shape \(8,\), wanted \(\.\.\., n_q, d_k\)"),
+    ((torch.randn(8), torch.randn(4, 8), torch.randn(4, 8)),
+     r"q has shape \(8,\), wanted \(\.\.\., n_q, d_k\)"),
     ((torch.ones(4, 8, dtype=torch.long),) * 3, r"floating-point"),
     (([[1.0]], torch.randn(4, 8), torch.randn(4, 8)), r"q must be a torch.Tensor, got list"),
     ((torch.randn(0, 8), torch.randn(4, 8), torch.randn(4, 8)), r"at least one query"),
@@ -142,6 +145,7 @@ def test_tiled_gradients_match_sdpa(causal):
     out, _ = tiled_attention(q, k, v, causal=causal, block_size=16)
     dout = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), dout)
-    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), dout)
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                               (q, k, v), dout)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-8)

@@ -35,7 +35,8 @@ def test_soft_lookup_matches_torch_softmax(value_shape, temperature):
     value, weights = soft_lookup(query, keys, values, temperature)
     want_w = torch.softmax(torch.tensor(keys @ query) / temperature, dim=0)
     torch.testing.assert_close(torch.tensor(weights), want_w)
-    torch.testing.assert_close(torch.tensor(value), torch.tensordot(want_w, torch.tensor(values), dims=1))
+    torch.testing.assert_close(torch.tensor(value),
+                               torch.tensordot(want_w, torch.tensor(values), dims=1))
 
 
 def test_soft_lookup_on_torch_tensors_is_differentiable_and_agrees_with_numpy():
@@ -48,8 +49,8 @@ def test_soft_lookup_on_torch_tensors_is_differentiable_and_agrees_with_numpy():
     assert q.grad is not None and torch.count_nonzero(q.grad) == 3
     # finite differences agree with autograd
     eps = 1e-6
-    fd = [(soft_lookup(query + eps * e, keys, values, 0.5)[0] - soft_lookup(query - eps * e, keys, values, 0.5)[0])
-          / (2 * eps) for e in np.eye(3)]
+    fd = [(soft_lookup(query + eps * e, keys, values, 0.5)[0]
+           - soft_lookup(query - eps * e, keys, values, 0.5)[0]) / (2 * eps) for e in np.eye(3)]
     np.testing.assert_allclose(q.grad.numpy(), fd, rtol=1e-5, atol=1e-8)
 
 

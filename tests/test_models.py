@@ -27,7 +27,8 @@ def _model(seed, vocab=37, d_model=32, heads=4, layers=2, max_len=64, dtype=torc
 # ---------------------------------------------------------------- cache on == cache off
 
 @pytest.mark.parametrize("seed,batch,T,new,heads,layers", [
-    (0, 1, 1, 12, 4, 2), (1, 3, 7, 20, 2, 3), (2, 2, 16, 30, 8, 1), (3, 4, 5, 1, 4, 4), (4, 1, 40, 24, 4, 2),
+    (0, 1, 1, 12, 4, 2), (1, 3, 7, 20, 2, 3), (2, 2, 16, 30, 8, 1), (3, 4, 5, 1, 4, 4),
+    (4, 1, 40, 24, 4, 2),
 ])
 def test_cache_gives_identical_tokens_and_close_logits(seed, batch, T, new, heads, layers):
     model = _model(seed, heads=heads, layers=layers)
@@ -112,8 +113,9 @@ def test_positions_count_from_each_prompts_first_token():
             alone = model.new_cache(1)
             model(torch.tensor([prompt]), cache=alone)
             pad = idx.shape[1] - len(prompt)
-            assert_close(batch_cache.k[:, b, :, pad:7], alone.k[:, 0, :, :len(prompt)], atol=1e-5, rtol=1e-5)
-            assert_close(batch_cache.v[:, b, :, pad:7], alone.v[:, 0, :, :len(prompt)], atol=1e-5, rtol=1e-5)
+            for got, want in ((batch_cache.k, alone.k), (batch_cache.v, alone.v)):
+                assert_close(got[:, b, :, pad:7], want[:, 0, :, :len(prompt)], atol=1e-5,
+                             rtol=1e-5)
 
 
 def test_padding_content_does_not_matter():
@@ -186,7 +188,8 @@ def test_forward_with_cache_matches_forward_without():
     cache = model.new_cache(2)
     with torch.no_grad():
         full = model(idx)
-        parts = [model(idx[:, :4], cache=cache), model(idx[:, 4:5], cache=cache), model(idx[:, 5:], cache=cache)]
+        parts = [model(idx[:, :4], cache=cache), model(idx[:, 4:5], cache=cache),
+                 model(idx[:, 5:], cache=cache)]
     assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
@@ -207,7 +210,8 @@ def test_constructor_bad_input(kwargs, match):
 
 def test_prompt_plus_new_tokens_beyond_max_len():
     model = _model(12, max_len=16)
-    with pytest.raises(ValueError, match=r"T=10 tokens \+ max_new_tokens=7 = 17 is longer than max_len=16"):
+    with pytest.raises(ValueError,
+                       match=r"T=10 tokens \+ max_new_tokens=7 = 17 is longer than max_len=16"):
         model.generate(torch.zeros(1, 10, dtype=torch.long), 7)
     with pytest.raises(ValueError, match=r"T=17 .*max_len=16"):
         model.generate(torch.zeros(1, 17, dtype=torch.long), 0, use_cache=False)
@@ -278,8 +282,10 @@ def test_cache_memory_rows():
     rows = cache_memory(model, [1, 64], batch=3)
     assert rows[1]["cache_bytes"] == 2 * 2 * 3 * 4 * 64 * 8 * 4
     assert rows[0]["weight_bytes"] == sum(p.numel() * 4 for p in model.parameters())
-    assert rows[1]["cache_over_weights"] == pytest.approx(rows[1]["cache_bytes"] / rows[1]["weight_bytes"])
-    assert cache_memory(model, [64], dtype=torch.float16)[0]["cache_bytes"] == 2 * 2 * 4 * 64 * 8 * 2
+    assert rows[1]["cache_over_weights"] == pytest.approx(rows[1]["cache_bytes"]
+                                                          / rows[1]["weight_bytes"])
+    half = cache_memory(model, [64], dtype=torch.float16)[0]
+    assert half["cache_bytes"] == 2 * 2 * 4 * 64 * 8 * 2
 
 
 # ---------------------------------------------------------------- against PyTorch's attention
@@ -294,7 +300,8 @@ def test_attention_layer_matches_torch_sdpa(seed, heads):
     B, n, dh = 2, 7, 32 // heads
     q, k, v = (x @ w.T + b for w, b in zip(attn.qkv.weight.split(32), attn.qkv.bias.split(32)))
     q, k, v = (t.view(B, n, heads, dh).transpose(1, 2) for t in (q, k, v))
-    want = torch.nn.functional.scaled_dot_product_attention(apply_rope(q), apply_rope(k), v, is_causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(apply_rope(q), apply_rope(k), v,
+                                                            is_causal=True)
     want = attn.proj(want.transpose(1, 2).reshape(B, n, 32))
     positions = torch.arange(n).expand(B, n)
     mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]

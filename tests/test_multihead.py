@@ -29,7 +29,8 @@ def rand(*shape, dtype, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-def compare(ours, ref, q, k, v, mask=None, torch_mask=None, key_padding_mask=None, dtype=torch.float32):
+def compare(ours, ref, q, k, v, mask=None, torch_mask=None, key_padding_mask=None,
+            dtype=torch.float32):
     out, w = ours(q, k, v, mask=mask)
     ref_out, ref_w = ref(q, k, v, attn_mask=torch_mask, key_padding_mask=key_padding_mask,
                          average_attn_weights=False)
@@ -92,7 +93,8 @@ def test_per_head_mask_matches_torch_3d_attn_mask(dtype):
     mask = torch.rand(batch, heads, n, n, generator=g) < 0.7
     mask[..., 0] = True  # every query keeps one key (torch gives NaN for fully masked rows)
     # torch wants a 3-D mask as (batch * heads, n_q, n_k), True = blocked
-    compare(ours, ref, x, x, x, mask=mask, torch_mask=~mask.reshape(batch * heads, n, n), dtype=dtype)
+    compare(ours, ref, x, x, x, mask=mask, torch_mask=~mask.reshape(batch * heads, n, n),
+            dtype=dtype)
 
 
 def test_additive_float_mask_matches_torch():
@@ -120,7 +122,8 @@ def test_gradients_match_torch():
     ours(x, mask=causal_mask(5))[0].pow(2).sum().backward()
     ref(x2, x2, x2, attn_mask=~causal_mask(5))[0].pow(2).sum().backward()
     torch.testing.assert_close(x.grad, x2.grad, **TOL[torch.float64])
-    torch.testing.assert_close(ours.q_proj.weight.grad, ref.in_proj_weight.grad[:12], **TOL[torch.float64])
+    torch.testing.assert_close(ours.q_proj.weight.grad, ref.in_proj_weight.grad[:12],
+                               **TOL[torch.float64])
 
 
 @pytest.mark.parametrize("batch,n,d,h", [(1, 1, 4, 1), (2, 3, 12, 3), (3, 5, 16, 8)])
@@ -128,7 +131,8 @@ def test_split_merge_round_trip(batch, n, d, h):
     x = rand(batch, n, d, dtype=torch.float32, seed=19)
     s = split_heads(x, h)
     assert s.shape == (batch, h, n, d // h)
-    torch.testing.assert_close(s[:, 1 % h, :, :], x[..., (1 % h) * (d // h):((1 % h) + 1) * (d // h)])
+    i, w = 1 % h, d // h
+    torch.testing.assert_close(s[:, i, :, :], x[..., i * w:(i + 1) * w])
     torch.testing.assert_close(merge_heads(s), x)
 
 
@@ -191,7 +195,8 @@ def test_bad_mask_dtype():
 
 def test_bad_inputs():
     mha = MultiHeadAttention(8, 2)
-    with pytest.raises(ValueError, match=r"query has shape \(3, 8\), wanted \(batch, n, d_model=8\)"):
+    with pytest.raises(ValueError,
+                       match=r"query has shape \(3, 8\), wanted \(batch, n, d_model=8\)"):
         mha(torch.randn(3, 8))
     with pytest.raises(ValueError, match=r"key has shape \(1, 3, 6\)"):
         mha(torch.randn(1, 3, 8), torch.randn(1, 3, 6))
@@ -201,7 +206,8 @@ def test_bad_inputs():
         mha(torch.randn(2, 3, 8), torch.randn(1, 3, 8))
     with pytest.raises(ValueError, match="dtype"):
         mha(torch.ones(1, 3, 8, dtype=torch.long))
-    with pytest.raises(ValueError, match="query has dtype torch.float64 but this module's weights are torch.float32"):
+    with pytest.raises(ValueError, match="query has dtype torch.float64 but this module's "
+                                         "weights are torch.float32"):
         mha(torch.ones(1, 3, 8, dtype=torch.float64))
 
 

@@ -53,7 +53,8 @@ def test_sinusoidal_dot_product_depends_on_distance_only(d):
         want = torch.cos((m - n) * theta).sum()
         assert_close(dots[m, n], want, atol=1e-6, rtol=0)
     assert_close(dots[5, 2], dots[50, 47], atol=1e-6, rtol=0)
-    assert_close(torch.diagonal(dots), torch.full((60,), d / 2, dtype=torch.float64), atol=1e-6, rtol=0)
+    assert_close(torch.diagonal(dots), torch.full((60,), d / 2, dtype=torch.float64), atol=1e-6,
+                 rtol=0)
 
 
 def test_sinusoidal_zero_rows():

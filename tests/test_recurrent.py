@@ -4,8 +4,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from course_lib.recurrent import (RunningSummaryRNN, benchmark_serial_vs_parallel, gradient_vs_distance,
-                                  rnn_step, state_memory)
+from course_lib.recurrent import (
+    RunningSummaryRNN,
+    benchmark_serial_vs_parallel,
+    gradient_vs_distance,
+    rnn_step,
+    state_memory,
+)
 
 TOL = {torch.float32: dict(atol=1e-6, rtol=1e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
 
@@ -41,12 +46,14 @@ def test_state_is_fixed_size_whatever_n():
 def test_rnn_step_formula():
     g = torch.Generator().manual_seed(0)
     x, h = torch.randn(2, 3, generator=g), torch.randn(2, 4, generator=g)
-    W_xh, W_hh, b = torch.randn(4, 3, generator=g), torch.randn(4, 4, generator=g), torch.randn(4, generator=g)
-    torch.testing.assert_close(rnn_step(x, h, W_xh, W_hh, b), torch.tanh(x @ W_xh.T + h @ W_hh.T + b))
+    W_xh, W_hh = torch.randn(4, 3, generator=g), torch.randn(4, 4, generator=g)
+    b = torch.randn(4, generator=g)
+    torch.testing.assert_close(rnn_step(x, h, W_xh, W_hh, b),
+                               torch.tanh(x @ W_xh.T + h @ W_hh.T + b))
     cell = nn.RNNCell(3, 4)
     with torch.no_grad():
-        torch.testing.assert_close(rnn_step(x, h, cell.weight_ih, cell.weight_hh, cell.bias_ih + cell.bias_hh),
-                                   cell(x, h))
+        torch.testing.assert_close(rnn_step(x, h, cell.weight_ih, cell.weight_hh,
+                                            cell.bias_ih + cell.bias_hh), cell(x, h))
 
 
 def test_gradient_vs_distance_matches_autograd_jacobian():
@@ -67,7 +74,8 @@ def test_rnn_gradient_decays_with_distance_attention_does_not():
     x = torch.randn(1, n, d, dtype=torch.float64)
     g_rnn = gradient_vs_distance(lambda t: rnn(t)[0], x)
     W = torch.randn(3, d, d, dtype=torch.float64) / d ** 0.5
-    g_att = gradient_vs_distance(lambda t: scaled_dot_product_attention(t @ W[0], t @ W[1], t @ W[2])[0], x)
+    g_att = gradient_vs_distance(
+        lambda t: scaled_dot_product_attention(t @ W[0], t @ W[1], t @ W[2])[0], x)
     assert g_rnn[0] < 1e-3 * g_rnn[-2]          # 38 steps back: orders of magnitude weaker
     assert g_att[0] > 1e-2 * g_att[-2]          # attention: the same order of magnitude
 

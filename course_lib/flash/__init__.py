@@ -26,8 +26,8 @@ from course_lib.flash.tiled import naive_attention, tiled_attention
 from course_lib.validate import check_attention
 
 __all__ = ["tiled_attention", "flash_attention", "flash_attention_forward", "naive_attention",
-           "triton_available", "prepare_triton", "interpreter_ready", "load_kernels", "KERNEL_HEAD_DIMS",
-           "TritonUnavailableError"]
+           "triton_available", "prepare_triton", "interpreter_ready", "load_kernels",
+           "KERNEL_HEAD_DIMS", "TritonUnavailableError"]
 
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)
 _NOTICE_SHOWN = False

@@ -1,13 +1,15 @@
 """Benchmark: what the quadratic price costs, and what tiling buys back.
 
-    python -m course_lib.flash.bench                 # CPU: naive vs tiled vs torch SDPA (or GPU if present)
+    python -m course_lib.flash.bench                 # CPU: naive vs tiled vs torch SDPA
+                                                     # (the GPU run when a GPU is present)
     python -m course_lib.flash.bench --device cuda   # GPU: TFLOP/s of flash_attention vs SDPA
 
 CPU: for each n, wall time (best of a few, the methods measured in turn so a busy machine slows
 them alike; fewer repeats once a call takes seconds) and peak extra memory (torch's profiler, see
-`course_lib/measure.py`) for one head, d = 64, float32. GPU: TFLOP/s forward and backward, FLOPs = 4·B·H·n²·d (halved when causal, ×2.5 for the
-backward pass), float16 and bfloat16, d in {64, 128}, causal and not; plus a bf16 matmul's rate
-for scale. Both print a table and save a CSV (default under bench-results/, which git ignores).
+`course_lib/measure.py`) for one head, d = 64, float32. GPU: TFLOP/s forward and backward,
+FLOPs = 4·B·H·n²·d (halved when causal, ×2.5 for the backward pass), float16 and bfloat16,
+d in {64, 128}, causal and not; plus a bf16 matmul's rate for scale. Both print a table and save
+a CSV (default under bench-results/, which git ignores).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import datetime
 import math
 import platform
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -39,7 +42,8 @@ def cpu_methods(block_size: int = 512) -> dict:
     """name -> f(q, k, v): the three ways to compute the same attention on a CPU."""
     return {
         "naive": lambda q, k, v: naive_attention(q, k, v),
-        f"tiled (block {block_size})": lambda q, k, v: tiled_attention(q, k, v, block_size=block_size)[0],
+        f"tiled (block {block_size})":
+            lambda q, k, v: tiled_attention(q, k, v, block_size=block_size)[0],
         "torch SDPA": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
     }
 
@@ -58,18 +62,17 @@ def run_cpu(sizes=CPU_SIZES, d: int = 64, block_size: int = 512, repeats: int = 
     for n in sizes:
         q, k, v = (torch.randn(1, 1, n, d) for _ in range(3))     # (B=1, H=1, n, d)
         times = {name: math.inf for name in methods}
-        if n <= 2048:                                                # warm-up matters for short calls
-            for name, fn in methods.items():
+        if n <= 2048:  # warm-up matters for short calls
+            for fn in methods.values():
                 fn(q, k, v)
         for _ in range(repeats):                                     # the methods take turns
             for name, fn in methods.items():
-                times[name] = min(times[name], best_time(lambda: fn(q, k, v), repeats=1, warmup=0))
+                times[name] = min(times[name], best_time(partial(fn, q, k, v), repeats=1, warmup=0))
             if max(times.values()) > 3.0:                            # a slow (or busy) machine:
-                break                                                # keep the whole run near a minute
-        for name in methods:
-            bar.update(1)
+                break  # keep the whole run near a minute
+        bar.update(len(methods))
         for name, fn in methods.items():
-            peak = peak_bytes(lambda: fn(q, k, v))
+            peak = peak_bytes(partial(fn, q, k, v))
             rows.append({"n": n, "method": name, "time_ms": 1e3 * times[name],
                          "peak_mib": peak / MiB, "grid_mib": n * n * 4 / MiB})
             bar.update(1)
@@ -82,8 +85,8 @@ def cpu_summary(rows: list[dict]) -> str:
     20x less peak memory than naive."""
     n = max(r["n"] for r in rows)
     at = {r["method"].split(" ")[0]: r for r in rows if r["n"] == n}
-    lines = [f"at n = {n}:" + ("" if n >= 8192 else "  (the chapter's targets are stated for n = 8192: "
-                                                  "run the full benchmark for them)")]
+    lines = [f"at n = {n}:" + ("" if n >= 8192 else "  (the chapter's targets are stated for "
+                                                  "n = 8192: run the full benchmark for them)")]
     if "tiled" in at and "torch" in at:
         ratio = at["tiled"]["time_ms"] / at["torch"]["time_ms"]
         lines.append(f"  tiled time / SDPA time   = {ratio:5.2f}x  (target <= 2x: "
@@ -130,7 +133,8 @@ def run_gpu(sizes=GPU_SIZES, dims=(64, 128), dtypes=("fp16", "bf16"), batch: int
 
     dtype_of = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     providers = {"flash (triton)": lambda q, k, v, c: flash_attention(q, k, v, causal=c),
-                 "torch SDPA": lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)}
+                 "torch SDPA": lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v,
+                                                                                is_causal=c)}
     steps = [(dt, d, c, n) for dt in dtypes for d in dims for c in causals for n in sizes]
     bar = _progress(len(steps), progress, "GPU benchmark")
     rows = []
@@ -142,16 +146,16 @@ def run_gpu(sizes=GPU_SIZES, dims=(64, 128), dtypes=("fp16", "bf16"), batch: int
             for mode in modes:
                 try:
                     if mode == "fwd":
-                        ms = do_bench(lambda: fn(q, k, v, causal))
+                        ms = do_bench(partial(fn, q, k, v, causal))
                     else:
                         out = fn(q, k, v, causal)
                         do = torch.randn_like(out)
-                        ms = do_bench(lambda: out.backward(do, retain_graph=True),
+                        ms = do_bench(partial(out.backward, do, retain_graph=True),
                                       grad_to_none=[q, k, v])
                     tflops = attention_flops(batch, heads, n, d, causal, mode) / (ms * 1e-3) / 1e12
                 except Exception as e:  # noqa: BLE001 - record the failure, keep benchmarking
-                    print(f"{provider} {mode} {dt} d={d} n={n} causal={causal}: {type(e).__name__}: {e}",
-                          file=sys.stderr)
+                    print(f"{provider} {mode} {dt} d={d} n={n} causal={causal}: "
+                          f"{type(e).__name__}: {e}", file=sys.stderr)
                     ms, tflops = math.nan, math.nan
                 rows.append({"dtype": dt, "d": d, "causal": causal, "n": n, "mode": mode,
                              "provider": provider, "batch": batch, "heads": heads,
@@ -187,9 +191,9 @@ def gpu_summary(rows: list[dict], matmul_rate: float | None) -> str:
         best = max((r["tflops"] for r in rows if r["provider"] == "flash (triton)"
                     and r["mode"] == "fwd" and r["dtype"] == "bf16" and not r["causal"]
                     and not math.isnan(r["tflops"])), default=math.nan)
-        lines.append(f"bf16 matmul: {matmul_rate:.0f} TFLOP/s; best flash forward (bf16, non-causal) "
-                     f"{best:.0f} TFLOP/s = {best / matmul_rate:.0%} of it (target >= 55%: "
-                     f"{'met' if best >= 0.55 * matmul_rate else 'NOT met'})")
+        lines.append(f"bf16 matmul: {matmul_rate:.0f} TFLOP/s; best flash forward (bf16, "
+                     f"non-causal) {best:.0f} TFLOP/s = {best / matmul_rate:.0%} of it "
+                     f"(target >= 55%: {'met' if best >= 0.55 * matmul_rate else 'NOT met'})")
     return "\n".join(lines)
 
 
@@ -202,7 +206,8 @@ def environment_line(device: str) -> str:
     if device == "cuda":
         name = torch.cuda.get_device_name(0)
     else:
-        name = f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+        cpu = platform.processor() or platform.machine()
+        name = f"{cpu} CPU, {torch.get_num_threads()} threads"
     try:
         import triton
         triton_version = triton.__version__
@@ -216,7 +221,9 @@ def environment_line(device: str) -> str:
 def format_table(rows: list[dict], columns: list[str], markdown: bool = False) -> str:
     def cell(value):
         if isinstance(value, float):
-            return "nan" if math.isnan(value) else f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+            if math.isnan(value):
+                return "nan"
+            return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
         return str(value)
 
     body = [[cell(r[c]) for c in columns] for r in rows]
@@ -257,7 +264,8 @@ def plot_cpu(rows: list[dict], fig=None):
         ax_m.plot(ns, [max(r["peak_mib"], 1e-3) for r in mine], "o-", label=method)
     ns = sorted({r["n"] for r in rows})
     ax_m.plot(ns, [n * n * 4 / MiB for n in ns], "k--", lw=1, label="one n×n fp32 grid")
-    for ax, title, unit in ((ax_t, "time", "time (ms)"), (ax_m, "peak extra memory", "memory (MiB)")):
+    for ax, title, unit in ((ax_t, "time", "time (ms)"),
+                            (ax_m, "peak extra memory", "memory (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length n (tokens)")
@@ -285,7 +293,8 @@ def _progress(total: int, enabled: bool, desc: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.flash.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m course_lib.flash.bench",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: cuda when a GPU is present, else cpu")
     parser.add_argument("--sizes", type=int, nargs="+", help="sequence lengths n")
@@ -293,7 +302,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per method (CPU)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
-    parser.add_argument("--csv", type=Path, help="where to save the CSV (default bench-results/flash_<device>.csv)")
+    parser.add_argument("--csv", type=Path,
+                        help="where to save the CSV (default bench-results/flash_<device>.csv)")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)

@@ -29,8 +29,8 @@ def naive_attention(q, k, v, causal: bool = False, scale=None) -> torch.Tensor:
     if causal:
         allowed = causal_mask(q.shape[-2], device=q.device)        # (n, n), chapter 04's mask
         scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)                          # (..., n_q, n_k): a second grid
-    return weights @ v                                               # (..., n_q, d_v)
+    weights = torch.softmax(scores, dim=-1)                        # (..., n_q, n_k): a 2nd grid
+    return weights @ v                                             # (..., n_q, d_v)
 
 
 def _attn_fwd_inner(acc, l_i, m_i, q_blk, k, v, start_m, lo, hi, block_size, diagonal):
@@ -39,23 +39,23 @@ def _attn_fwd_inner(acc, l_i, m_i, q_blk, k, v, start_m, lo, hi, block_size, dia
     The same loop as the kernel's `_attn_fwd_inner` (see the comment there for why `alpha`
     rescales what came before). m_i: running max, l_i: running sum, acc: running output.
     """
-    rows = start_m + torch.arange(q_blk.shape[-2], device=q_blk.device)          # query positions
+    rows = start_m + torch.arange(q_blk.shape[-2], device=q_blk.device)  # query positions
     for start_n in range(lo, hi, block_size):
-        k_blk = k[:, start_n:start_n + block_size, :]                             # (BH, BLOCK_N, d)
-        v_blk = v[:, start_n:start_n + block_size, :]                             # (BH, BLOCK_N, d_v)
-        scores = q_blk @ k_blk.transpose(-2, -1)                        # (BH, BLOCK_M, BLOCK_N)
+        k_blk = k[:, start_n:start_n + block_size, :]                  # (BH, BLOCK_N, d)
+        v_blk = v[:, start_n:start_n + block_size, :]                  # (BH, BLOCK_N, d_v)
+        scores = q_blk @ k_blk.transpose(-2, -1)                       # (BH, BLOCK_M, BLOCK_N)
         if diagonal:  # only the diagonal block needs the causal mask
             cols = start_n + torch.arange(k_blk.shape[-2], device=q_blk.device)
             scores = scores.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
         # the new running max; detached: a shift the softmax does not depend on (and it keeps
         # the in-place exp below legal under autograd)
-        m_ij = torch.maximum(m_i, scores.detach().amax(dim=-1))                 # (BH, BLOCK_M)
-        # exp(s - m_new) in the scores' own memory: one tile alive, not three (see the notebook's
-        # peak-memory measurement); everything else is plain
-        p = scores.sub_(m_ij[..., None]).exp_()                                 # (BH, BLOCK_M, BLOCK_N)
-        alpha = torch.exp(m_i - m_ij)                                           # exp(m_old - m_new)
+        m_ij = torch.maximum(m_i, scores.detach().amax(dim=-1))        # (BH, BLOCK_M)
+        # exp(s - m_new) in the scores' own memory: one tile alive, not three (the notebook
+        # measures the peak); everything else is plain
+        p = scores.sub_(m_ij[..., None]).exp_()                        # (BH, BLOCK_M, BLOCK_N)
+        alpha = torch.exp(m_i - m_ij)                                  # exp(m_old - m_new)
         l_i = l_i * alpha + p.sum(dim=-1)
-        acc = acc * alpha[..., None] + p @ v_blk                                # rescale, add p @ v
+        acc = acc * alpha[..., None] + p @ v_blk                       # rescale, add p @ v
         m_i = m_ij
     return acc, l_i, m_i
 
@@ -73,7 +73,8 @@ def tiled_attention(q, k, v, causal: bool = False, scale=None, block_size: int =
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))  # shared batch/head dims
     d_v = v.shape[-1]
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # accumulate wide
+    # accumulate in float32 at least
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     q3 = q.reshape(-1, n_q, q.shape[-1])                                          # (BH, n_q, d)
     k3 = k.reshape(-1, n_k, k.shape[-1]).to(work)                                 # (BH, n_k, d)
     v3 = v.reshape(-1, n_k, d_v).to(work)                                         # (BH, n_k, d_v)

@@ -21,7 +21,8 @@ from course_lib.models.transformer import TinyTransformer, kv_cache_bytes
 
 def time_generation(model: TinyTransformer, prompt: torch.Tensor, new_tokens: int, use_cache: bool,
                     repeats: int = 3) -> tuple[float, torch.Tensor]:
-    """Best-of-`repeats` seconds for model.generate(prompt, new_tokens, use_cache), and its tokens."""
+    """Best-of-`repeats` seconds for model.generate(prompt, new_tokens, use_cache), and its
+    tokens."""
     tokens = []
 
     def run():
@@ -58,7 +59,8 @@ def cache_speedup(model: TinyTransformer, new_tokens: Sequence[int] = (16, 32, 6
             slow, slow_tokens = time_generation(model, prompt, n, use_cache=False, repeats=repeats)
             fast, fast_tokens = time_generation(model, prompt, n, use_cache=True, repeats=repeats)
             rows.append({"new_tokens": int(n), "seconds_no_cache": slow, "seconds_cache": fast,
-                         "speedup": slow / fast, "same_tokens": torch.equal(slow_tokens, fast_tokens)})
+                         "speedup": slow / fast,
+                         "same_tokens": torch.equal(slow_tokens, fast_tokens)})
     return rows
 
 
@@ -73,7 +75,8 @@ def cache_memory(model: TinyTransformer, lengths: Sequence[int], batch: int = 1,
     weights = model.weight_bytes()
     rows = []
     for n in lengths:
-        cache = kv_cache_bytes(model.num_layers, model.num_heads, int(n), model.d_head, element, batch)
+        cache = kv_cache_bytes(model.num_layers, model.num_heads, int(n), model.d_head, element,
+                               batch)
         rows.append({"n": int(n), "cache_bytes": cache, "weight_bytes": weights,
                      "cache_over_weights": cache / weights})
     return rows

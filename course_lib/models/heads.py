@@ -30,8 +30,10 @@ class BracketTask:
     def __init__(self, letters: int = 5, kinds: int = 3, n: int = 16, p_open: float = 0.25,
                  p_close: float = 0.3):
         if not 1 <= kinds <= 3 or not 1 <= letters <= 26 or n < 2:
-            raise ValueError(f"want 1 <= kinds <= 3, 1 <= letters <= 26, n >= 2; got {kinds}, {letters}, {n}")
-        self.letters, self.kinds, self.n, self.p_open, self.p_close = letters, kinds, n, p_open, p_close
+            raise ValueError(f"want 1 <= kinds <= 3, 1 <= letters <= 26, n >= 2; "
+                             f"got {kinds}, {letters}, {n}")
+        self.letters, self.kinds, self.n = letters, kinds, n
+        self.p_open, self.p_close = p_open, p_close
         self.open, self.close, self.bos = letters, letters + kinds, letters + 2 * kinds
         self.vocab_size = letters + 2 * kinds + 1
         self.num_classes = self.vocab_size * (kinds + 1)
@@ -42,7 +44,8 @@ class BracketTask:
         """Token ids (n,) -> their printable labels."""
         return [self.labels[int(t)] for t in tokens]
 
-    def batch(self, generator: torch.Generator, batch: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, generator: torch.Generator,
+              batch: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens (batch, n+1) starting with `^`, and targets (batch, n+1), -100 at position 0."""
         n = self.n
         tokens = torch.empty(batch, n, dtype=torch.long)
@@ -56,7 +59,8 @@ class BracketTask:
             closes = (state > 0) & (u < self.p_close)
             tokens[:, t] = torch.where(opens, self.open + kind,
                                        torch.where(closes, self.close + state - 1, letter))
-            state = torch.where(opens, kind + 1, torch.where(closes, torch.zeros_like(state), state))
+            state = torch.where(opens, kind + 1,
+                                torch.where(closes, torch.zeros_like(state), state))
             enclosing[:, t] = state
         tokens = torch.cat([torch.full((batch, 1), self.bos), tokens], dim=1)  # (B, n+1)
         targets = torch.full_like(tokens, IGNORE_INDEX)
@@ -68,7 +72,8 @@ class BracketTask:
         n = tokens.shape[1]
         is_bracket = (tokens >= self.open) & (tokens < self.bos)
         pos = torch.arange(n, device=tokens.device).expand_as(tokens)
-        last = torch.where(is_bracket, pos, torch.zeros_like(pos)).cummax(dim=1).values  # latest bracket
+        # the latest bracket at or before each position
+        last = torch.where(is_bracket, pos, torch.zeros_like(pos)).cummax(dim=1).values
         inside = (tokens.gather(1, last) >= self.open) & (tokens.gather(1, last) < self.close)
         return torch.where(inside, last, torch.full_like(last, -1))
 
@@ -81,14 +86,16 @@ class BracketTask:
         """
         if weights.dim() != 4 or tokens.shape != (weights.shape[0], weights.shape[2]) \
                 or weights.shape[2] != weights.shape[3]:
-            raise ValueError(f"weights {tuple(weights.shape)} and tokens {tuple(tokens.shape)}: wanted "
-                             "weights (batch, heads, n, n) and tokens (batch, n)")
+            raise ValueError(f"weights {tuple(weights.shape)} and tokens {tuple(tokens.shape)}: "
+                             "wanted weights (batch, heads, n, n) and tokens (batch, n)")
         prev = torch.diagonal(weights, offset=-1, dim1=-2, dim2=-1)  # (B, h, n-1): weight on i-1
         target = self.enclosing_open(tokens)  # (B, n)
-        inside = (target >= 0) & (target != torch.arange(tokens.shape[1], device=tokens.device))  # not the bracket itself
+        itself = torch.arange(tokens.shape[1], device=tokens.device)
+        inside = (target >= 0) & (target != itself)  # inside, and not the bracket itself
         index = target.clamp(min=0)[:, None, :, None].expand(-1, weights.shape[1], -1, 1)
         on_open = weights.gather(3, index)[..., 0]  # (B, h, n): weight on the enclosing bracket
-        return {"previous": prev.mean(dim=(0, 2)), "bracket": on_open.transpose(0, 1)[:, inside].mean(-1)}
+        return {"previous": prev.mean(dim=(0, 2)),
+                "bracket": on_open.transpose(0, 1)[:, inside].mean(-1)}
 
 
 class HeadsModel(nn.Module):
@@ -113,5 +120,6 @@ class HeadsModel(nn.Module):
             raise wrong_shape("tokens", tokens, f"(batch, n <= {self.max_len})")
         n = tokens.shape[1]
         x = self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device))  # (B, n, d)
-        attended, weights = self.attn(x, mask=causal_mask(n, device=tokens.device))  # (B, n, d), (B, h, n, n)
+        # attended (B, n, d), weights (B, h, n, n)
+        attended, weights = self.attn(x, mask=causal_mask(n, device=tokens.device))
         return self.readout(self.norm(x + attended)), weights  # (B, n, classes), (B, h, n, n)

@@ -50,7 +50,7 @@ class RecurrentModel(nn.Module):
                  d_embed: int = 16):
         super().__init__()
         if kind not in ("rnn", "gru", "lstm"):
-            raise ValueError(f"kind should be 'rnn', 'gru' or 'lstm', got {kind!r}")
+            raise ValueError(f"kind must be 'rnn', 'gru' or 'lstm', got {kind!r}")
         self.kind = kind
         self.embed = nn.Embedding(vocab_size, d_embed)
         core = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}[kind]
@@ -76,7 +76,8 @@ class AttentionRecallModel(HeadsModel):
 
     def __init__(self, vocab_size: int, num_classes: int, d_model: int = 32, num_heads: int = 1,
                  max_len: int = 64):
-        super().__init__(vocab_size, num_classes, d_model=d_model, num_heads=num_heads, max_len=max_len)
+        super().__init__(vocab_size, num_classes, d_model=d_model, num_heads=num_heads,
+                         max_len=max_len)
 
 
 @torch.no_grad()

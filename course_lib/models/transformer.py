@@ -34,7 +34,8 @@ from course_lib.validate import check_count
 
 def kv_cache_bytes(num_layers: int, num_heads: int, n: int, d_head: int,
                    bytes_per_element: int = 4, batch: int = 1) -> int:
-    """Bytes a KV cache needs for n tokens: 2 (K and V) x layers x batch x heads x n x d_head x bytes."""
+    """Bytes a KV cache needs for n tokens:
+    2 (K and V) x layers x batch x heads x n x d_head x bytes per element."""
     return 2 * num_layers * batch * num_heads * n * d_head * bytes_per_element
 
 
@@ -96,7 +97,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        """x: (B, t, d_model), positions: (B, t), mask: (B, 1, t, S) with S keys -> (B, t, d_model)."""
+        """x: (B, t, d_model), positions: (B, t), mask: (B, 1, t, S) with S keys
+        -> (B, t, d_model)."""
         d_model = x.shape[-1]
         q, k, v = self.qkv(x).split(d_model, dim=-1)  # (B, t, d_model) each
         q = split_heads(q, self.num_heads)  # (B, heads, t, d_head): chapter 05's split
@@ -118,7 +120,8 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, num_heads)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                 nn.Linear(4 * d_model, d_model))
 
     def forward(self, x, positions, mask, cache=None, layer=0):
         x = x + self.attn(self.ln1(x), positions, mask, cache, layer)
@@ -133,7 +136,8 @@ class TinyTransformer(nn.Module):
     plus generated tokens (and padding), the model accepts.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, max_len: int):
+    def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int,
+                 max_len: int):
         super().__init__()
         vocab_size = check_count(vocab_size, "vocab_size")
         d_model = check_count(d_model, "d_model", minimum=2)
@@ -141,10 +145,12 @@ class TinyTransformer(nn.Module):
         num_layers = check_count(num_layers, "num_layers")
         max_len = check_count(max_len, "max_len")
         if d_model % num_heads:
-            raise ValueError(f"d_model={d_model} does not split into num_heads={num_heads} equal heads")
+            raise ValueError(f"d_model={d_model} does not split into num_heads={num_heads} "
+                             "equal heads")
         if (d_model // num_heads) % 2:
-            raise ValueError(f"each head has d_head = d_model / num_heads = {d_model // num_heads}, "
-                             "but RoPE rotates pairs of columns: d_head must be even")
+            raise ValueError(f"each head has d_head = d_model / num_heads = "
+                             f"{d_model // num_heads}, but RoPE rotates pairs of columns: d_head "
+                             "must be even")
         self.vocab_size, self.d_model, self.num_heads = vocab_size, d_model, num_heads
         self.num_layers, self.max_len, self.d_head = num_layers, max_len, d_model // num_heads
         self.embed = nn.Embedding(vocab_size, d_model)
@@ -156,15 +162,18 @@ class TinyTransformer(nn.Module):
 
     def _check_idx(self, idx) -> torch.Tensor:
         if not isinstance(idx, torch.Tensor):
-            raise ValueError(f"idx must be a tensor of token ids of shape (batch, T), got {type(idx).__name__}")
+            raise ValueError(f"idx must be a tensor of token ids of shape (batch, T), "
+                             f"got {type(idx).__name__}")
         if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise ValueError(f"idx must hold integer token ids, got dtype {idx.dtype} "
                              f"with shape {tuple(idx.shape)}")
         if idx.ndim != 2 or idx.shape[0] == 0 or idx.shape[1] == 0:
-            raise ValueError(f"idx must have shape (batch, T) with batch, T >= 1, got shape {tuple(idx.shape)}")
+            raise ValueError(f"idx must have shape (batch, T) with batch, T >= 1, "
+                             f"got shape {tuple(idx.shape)}")
         if int(idx.min()) < 0 or int(idx.max()) >= self.vocab_size:
-            raise ValueError(f"token ids must lie in 0..{self.vocab_size - 1} (vocab_size={self.vocab_size}), "
-                             f"got ids from {int(idx.min())} to {int(idx.max())}")
+            raise ValueError(f"token ids must lie in 0..{self.vocab_size - 1} "
+                             f"(vocab_size={self.vocab_size}), got ids from {int(idx.min())} "
+                             f"to {int(idx.max())}")
         return idx.long()
 
     def _check_lengths(self, lengths, batch: int, T: int) -> torch.Tensor:
@@ -174,13 +183,16 @@ class TinyTransformer(nn.Module):
         try:
             t = torch.as_tensor(lengths)
         except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"lengths must be integers, one per sequence, got {type(lengths).__name__}") from None
+            raise ValueError(f"lengths must be integers, one per sequence, "
+                             f"got {type(lengths).__name__}") from None
         if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
             raise ValueError(f"lengths must hold integers, got dtype {t.dtype}")
         if tuple(t.shape) != (batch,):
-            raise ValueError(f"lengths has shape {tuple(t.shape)}, expected ({batch},): one length per row of idx")
+            raise ValueError(f"lengths has shape {tuple(t.shape)}, expected ({batch},): one "
+                             "length per row of idx")
         if (t < 1).any() or (t > T).any():
-            raise ValueError(f"every length must lie in 1..T={T} (the width of idx), got {t.tolist()}")
+            raise ValueError(f"every length must lie in 1..T={T} (the width of idx), "
+                             f"got {t.tolist()}")
         return T - t.long()
 
     # ------------------------------------------------------------------ the model
@@ -190,9 +202,11 @@ class TinyTransformer(nn.Module):
         batch = check_count(batch, "batch")
         capacity = self.max_len if capacity is None else check_count(capacity, "capacity")
         p = self.lm_head.weight
-        return KVCache(self.num_layers, batch, self.num_heads, capacity, self.d_head, p.dtype, p.device)
+        return KVCache(self.num_layers, batch, self.num_heads, capacity, self.d_head, p.dtype,
+                       p.device)
 
-    def forward(self, idx: torch.Tensor, lengths=None, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, lengths=None,
+                cache: KVCache | None = None) -> torch.Tensor:
         """Logits (B, T, vocab_size) for the tokens idx (B, T).
 
         Without a cache, idx is the whole (left-padded, see `lengths`) sequence. With a cache,
@@ -223,7 +237,8 @@ class TinyTransformer(nn.Module):
         positions = (q_cols[None, :] - pad[:, None]).clamp(min=0)  # (B, T): counted per sequence
         causal = causal_mask(start + T, device=idx.device)[start:]  # (T, S): no looking ahead
         real = k_cols[None, :] >= pad[:, None]  # (B, S): padding is never attended to
-        itself = k_cols[None, :] == q_cols[:, None]  # (T, S): a pad query sees itself, so no row is empty
+        # (T, S): a pad query sees itself, so no row is empty
+        itself = k_cols[None, :] == q_cols[:, None]
         mask = (causal[None] & (real[:, None, :] | itself[None]))[:, None]  # (B, 1, T, S)
 
         x = self.embed(idx)  # (B, T, d_model)
