@@ -5,6 +5,7 @@ import torch
 from torch.testing import assert_close
 
 from course_lib.attention import scaled_dot_product_attention
+from course_lib.measure import threads
 from course_lib.models import KVCache, TinyTransformer, kv_cache_bytes, pad_prompts
 from course_lib.models.bench import cache_memory, cache_speedup
 from course_lib.position import apply_rope
@@ -13,10 +14,8 @@ from course_lib.position import apply_rope
 @pytest.fixture(autouse=True)
 def _one_thread():
     """These tensors are tiny: several intra-op threads only fight over a busy CPU (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with threads(1):
+        yield
 
 
 def _model(seed, vocab=37, d_model=32, heads=4, layers=2, max_len=64, dtype=torch.float32):
