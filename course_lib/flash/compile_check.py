@@ -1,0 +1,188 @@
+"""Compile the flash kernels for a GPU that is not here, and read what they would need there.
+
+Triton compiles for a named target without a driver: `triton.compile(src,
+target=GPUTarget("cuda", 90, 32))` gives a cubin for sm_90 (H100/H200) and its metadata, whose
+`shared` field is the shared memory one block asks for; the `cuobjdump` Triton ships prints the
+cubin's registers and stack frame, and a stack frame in these kernels (they keep no local arrays)
+means ptxas spilled registers to memory.
+
+    python -m course_lib.flash.compile_check            # every autotune config, a table
+    python -m course_lib.flash.compile_check --json     # the same rows as JSON lines
+
+It must run in a process that has not imported Triton in interpreter mode: main() sets
+TRITON_INTERPRET=0 before importing the kernels. tests/test_flash_compile.py runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}   # Triton's name -> bytes per element
+HEAD_DIMS = (16, 32, 64, 128)
+KERNEL_NAMES = ("fwd", "dkdv", "dq")
+POINTERS = {"fwd": ("Q", "K", "V", "Out"), "dkdv": ("Q", "K", "V", "DO", "DK", "DV"),
+            "dq": ("Q", "K", "V", "DO", "DQ")}   # the rest (LSE2, Delta) are fp32
+
+
+def cases(kernel_module, every: bool = False, kernels=KERNEL_NAMES, dtypes=tuple(DTYPES),
+          dims=HEAD_DIMS, evens=(True,)):
+    """(kernel, dtype, d, causal, even, (BLOCK_M, BLOCK_N, warps, stages)) for every config the
+    autotuner may try on sm_90 (`every=True`: every entry of every table, for exploring). even=False
+    is the variant for lengths that are not a multiple of the blocks (masked loads)."""
+    for name, dtype, d in itertools.product(kernels, dtypes, dims):
+        if every:
+            tables = kernel_module.CONFIGS[name].values()
+            configs = list(dict.fromkeys(c for table in tables for c in table))
+        else:
+            configs = kernel_module.configs_for(name, d, DTYPES[dtype])
+        for causal, even, config in itertools.product((False, True), evens, configs):
+            yield name, dtype, d, causal, even, config
+
+
+def _source(kernel_module, name, dtype, d, causal, even, config):
+    import triton
+
+    fn = kernel_module.KERNELS[name]
+    block_m, block_n, _, _ = config
+    constexprs = {"HEAD_DIM": d, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": causal,
+                  "EVEN": even, "UPCAST": False}
+    signature, attrs = {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in constexprs:
+            signature[arg] = "constexpr"
+            continue
+        if arg in POINTERS[name]:
+            signature[arg] = f"*{dtype}"
+        elif arg in ("LSE2", "Delta"):
+            signature[arg] = "*fp32"
+        elif arg == "sm_scale":
+            signature[arg] = "fp32"
+        else:
+            signature[arg] = "i32"
+        # what the launcher sees at a real size: 16-byte aligned pointers, strides that are
+        # multiples of 16 elements; lengths too when every block is whole (EVEN)
+        aligned = (arg not in ("sm_scale", "TUNE_N_Q", "TUNE_N_KV")
+                   and (even or arg not in ("N_Q", "N_KV")))
+        if aligned:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
+                                     attrs=attrs)
+
+
+def cuobjdump() -> str | None:
+    """The cuobjdump Triton ships (or one on PATH), None when there is none. Finds Triton's
+    folder without importing it (importing fixes interpreted-or-compiled for the process)."""
+    import importlib.util
+    from shutil import which
+
+    spec = importlib.util.find_spec("triton")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        shipped = Path(folder) / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if shipped.exists():
+            return str(shipped)
+    return which("cuobjdump")
+
+
+def resource_usage(cubin: bytes, tool: str) -> dict:
+    """Registers and stack frame bytes per thread, from `cuobjdump -res-usage`."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                              check=True, timeout=60).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"cuobjdump printed no resource usage:\n{text}")
+    regs, stack, _, local = map(int, found.groups())
+    return {"regs": regs, "stack": stack, "local": local}
+
+
+def compile_one(kernel_module, case, arch: int = 90, tool: str | None = None) -> dict:
+    """Compile one case for sm_<arch>; its shared memory, registers and spill bytes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    name, dtype, d, causal, even, config = case
+    block_m, block_n, warps, stages = config
+    start = time.perf_counter()
+    compiled = triton.compile(_source(kernel_module, *case), target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    row = {"kernel": name, "dtype": dtype, "d": d, "causal": causal, "even": even,
+           "BLOCK_M": block_m, "BLOCK_N": block_n, "warps": warps, "stages": stages,
+           "shared": int(compiled.metadata.shared),
+           "shared_estimate": kernel_module.shared_bytes_estimate(name, block_m, block_n, stages,
+                                                                  d, DTYPES[dtype])}
+    if tool is not None:
+        row.update(resource_usage(compiled.asm["cubin"], tool))
+    row["seconds"] = round(time.perf_counter() - start, 2)
+    return row
+
+
+def compile_all(every: bool = False, jobs: int = 2, arch: int = 90, progress=None,
+                **which) -> list[dict]:
+    """Compile every case (see `cases`); rows in case order. Needs Triton in compiled mode."""
+    from course_lib.flash import kernel as kernel_module
+
+    if kernel_module.INTERPRET:
+        raise RuntimeError("compile_check: Triton is in interpreter mode in this process; run "
+                           "`python -m course_lib.flash.compile_check` (sets TRITON_INTERPRET=0)")
+    tool = cuobjdump()
+    todo = list(cases(kernel_module, every, **which))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(compile_one, kernel_module, case, arch, tool) for case in todo]
+        rows = []
+        for future in futures:
+            rows.append(future.result())
+            if progress is not None:
+                progress(rows[-1])
+    return rows
+
+
+def _line(row: dict) -> str:
+    spill = row.get("stack", "?")
+    return (f"{row['kernel']:4} {row['dtype']} d={row['d']:<3} causal={row['causal']!s:5} "
+            f"even={row['even']!s:5} {row['BLOCK_M']:>3}x{row['BLOCK_N']:<3} w{row['warps']} "
+            f"s{row['stages']}  shared {row['shared']:>6} (est {row['shared_estimate']:>6})  "
+            f"regs {row.get('regs', '?'):>3}  "
+            f"spill {spill:>4}  {row['seconds']:.1f}s")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--every", action="store_true",
+                        help="every candidate, including those the pruning drops")
+    parser.add_argument("--jobs", type=int, default=2, help="compiles at once (threads)")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90")
+    parser.add_argument("--kernels", nargs="+", default=list(KERNEL_NAMES), choices=KERNEL_NAMES)
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--dims", nargs="+", type=int, default=list(HEAD_DIMS))
+    parser.add_argument("--ragged", action="store_true",
+                        help="also the variant for lengths that are not a multiple of the blocks")
+    args = parser.parse_args(argv)
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("Triton was already imported in interpreter mode")
+    os.environ["TRITON_INTERPRET"] = "0"
+    start = time.perf_counter()
+    emit = (lambda r: print(json.dumps(r), flush=True)) if args.json else \
+        (lambda r: print(_line(r), flush=True))
+    rows = compile_all(every=args.every, jobs=args.jobs, arch=args.arch, progress=emit,
+                       kernels=args.kernels, dtypes=args.dtypes, dims=args.dims,
+                       evens=(True, False) if args.ragged else (True,))
+    if not args.json:
+        print(f"{len(rows)} compiles for sm_{args.arch} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
