@@ -28,6 +28,7 @@ def generic_wrong_answers(hint: str) -> list:
         (lambda *a: None, "forget to `return`|should return a pair|None"),
         (lambda *a: "text",
          "should be a tensor|should return a pair|should return a triple|could not be read"),
+        (lambda *a: object(), "returned a object, which a check cannot read"),
     ]
 
 

@@ -78,7 +78,7 @@ CORRECT = [
 # Wrong answers every checker of this chapter must survive, with the words the feedback
 # must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
-    *generic_wrong_answers('keep m, l and acc'),
+    *generic_wrong_answers(check.online_update.hints[0]),
 ]
 
 
@@ -93,7 +93,7 @@ REFERENCE_CALLS = [
     (update_no_rescale, "without rescaling"),
     (update_unstable, "overflows"),
     (lambda m, l, s: (s.amax(dim=1), l + torch.exp(s - s.amax(dim=1, keepdim=True)).sum(1)),
-     "m_new"),
+     "m_new|without rescaling"),  # both mistakes at once: the first case met names one
     (lambda m, l, s: (torch.maximum(m, s.amax(0)[:m.shape[0]]), l), "m_new"),
     (lambda m, l, s: update_ok(m, l, s)[0], "should return a pair"),
     (lambda m, l, s: (update_ok(m, l, s)[0], torch.full_like(l, math.nan)), "NaN"),
