@@ -207,7 +207,7 @@ def test_no_solution_retypes_a_lecture_cell(path):
                      for j, c in enumerate(_load(lec).cells) if c.cell_type == "code"]
     nb = _load(path)
     problems = []
-    for i, cell in answer_cells(nb):
+    for _i, cell in answer_cells(nb):
         for region in regions(cell.source):
             if code_lines(region) < MIN_REGION_LINES:
                 continue
