@@ -4,6 +4,7 @@ import builtins
 import collections
 import io
 import os
+import sys
 import threading
 
 import numpy as np
@@ -287,6 +288,17 @@ def test_probe_reports_a_rebound_checker_and_a_replaced_check_part(tmp_path, mon
     assert any("_protocol.run_cases was replaced" in t for t in found)
     object.__setattr__(check, "run", lambda fn, case: 2 * case["x"])
     assert f"{check.id}.run was replaced" in tampering(check.id)
+
+
+def test_probe_reports_a_disarmed_forbid_and_profile_hooks(monkeypatch):
+    from course_lib.checks import _core
+
+    check = make_double("disarm")
+    monkeypatch.setattr(_core._Forbid, "__exit__", lambda self, *exc: False)
+    monkeypatch.setattr(sys, "setprofile", lambda hook: None)
+    found = tampering(check.id)
+    assert "course_lib.checks._core._Forbid.__exit__ was replaced" in found
+    assert "sys.setprofile was replaced" in found
 
 
 def test_a_missing_tamper_report_reads_as_none(tmp_path):

@@ -96,6 +96,11 @@ def tampering(check_id: str) -> list[str]:
                 found.append(f"{module_name}.{attr} (a checker) was replaced")
             elif isinstance(obj, types.FunctionType) and _learner_code(obj):
                 found.append(f"{module_name}.{attr} was replaced by code from the notebook")
+    for name, original in _protocol.CLASS_MEMBERS.items():
+        module_name, class_name, member = name.rsplit(".", 2)
+        klass = getattr(sys.modules.get(module_name), class_name, None)
+        if not isinstance(klass, type) or vars(klass).get(member) is not original:
+            found.append(f"{name} was replaced")
     for name, original in _protocol.COMPARISONS.items():
         module_path, _, attr = name.rpartition(".")
         owner = _resolve(module_path)
@@ -116,8 +121,8 @@ def tampering(check_id: str) -> list[str]:
 
 def _resolve(dotted: str) -> Any:
     top, *rest = dotted.split(".")
-    obj = {"torch": torch, "numpy": sys.modules.get("numpy"),
-           "math": sys.modules.get("math")}.get(top)
+    obj = {"torch": torch, "numpy": sys.modules.get("numpy"), "math": sys.modules.get("math"),
+           "sys": sys, "threading": threading}.get(top)
     for part in rest:
         obj = getattr(obj, part, None)
     return obj

@@ -24,6 +24,8 @@ import math
 import os
 import pkgutil
 import re
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,9 +57,14 @@ COMPARISONS = {
     "numpy.allclose": np.allclose, "numpy.isclose": np.isclose, "numpy.array_equal": np.array_equal,
     "numpy.testing.assert_allclose": np.testing.assert_allclose,
     "math.isclose": math.isclose, "math.isfinite": math.isfinite,
+    "sys.setprofile": sys.setprofile, "sys.getprofile": sys.getprofile,
+    "threading.setprofile": threading.setprofile,
 }
-BUILTINS = {k: v for k, v in vars(builtins).items() if not k.startswith("_")
-            and k not in ("exit", "quit", "get_ipython", "display", "help", "copyright", "credits")}
+# IPython rebinds these itself around every cell (exit/quit/get_ipython; input for stdin).
+_REBOUND_BY_IPYTHON = ("exit", "quit", "get_ipython", "display", "input", "help", "copyright",
+                       "credits")
+BUILTINS = {k: v for k, v in vars(builtins).items()
+            if not k.startswith("_") and k not in _REBOUND_BY_IPYTHON}
 
 
 @dataclass(frozen=True)
@@ -467,3 +474,15 @@ def hint(exercise: str, tier: int = 1) -> None:
     if tier < n:
         print(f'Next: check.hint("{check.hint_key}", {tier + 1})')
 
+
+
+def _class_members(*modules) -> dict[str, Any]:
+    return {f"{m.__name__}.{class_name}.{name}": member
+            for m in modules for class_name, klass in vars(m).items()
+            if isinstance(klass, type) and klass.__module__ == m.__name__
+            for name, member in vars(klass).items()}
+
+
+# The methods of the protocol's own classes (Check, the forbid block, ...), as defined: the
+# probe reports a cell that rebinds one (`_core._Forbid.__exit__ = ...` would disarm `forbid`).
+CLASS_MEMBERS = _class_members(_core, sys.modules[__name__])
