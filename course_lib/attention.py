@@ -21,7 +21,13 @@ import math
 import torch
 
 from course_lib.masks import apply_mask
-from course_lib.validate import check_attention, check_float_tensor, shape_of
+from course_lib.validate import (
+    check_attention,
+    check_float_tensor,
+    check_kv_heads,
+    shape_of,
+    wrong_shape,
+)
 
 
 def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -62,3 +68,36 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     weights = softmax(apply_mask(scores, mask), dim=-1)  # (..., n_q, n_k); masked keys get 0
     out = weights @ v  # (..., n_q, d_v)
     return out, weights
+
+
+def grouped_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            mask: torch.Tensor | None = None,
+                            scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with h query heads sharing g key/value heads (chapter 09), h % g == 0.
+
+    q: (..., h, n_q, d)  k: (..., g, n_k, d)  v: (..., g, n_k, d_v). Query heads come in g groups
+    of h/g consecutive heads; group j attends with K/V head j (what PyTorch's
+    `scaled_dot_product_attention(..., enable_gqa=True)` computes). g = h is multi-head
+    attention, g = 1 multi-query. mask broadcasts to (..., h, n_q, n_k).
+    Returns out (..., h, n_q, d_v) and weights (..., h, n_q, n_k).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(t, name, "(..., heads, n, d)", min_ndim=3)
+    h, g = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != g:
+        raise ValueError(f"k has {g} heads but v has {v.shape[-3]} (k {shape_of(k)}, "
+                         f"v {shape_of(v)}; want one value head per key head)")
+    check_kv_heads(h, g, shapes=f" (h={h} query heads in q {shape_of(q)}, g={g} in k "
+                                f"{shape_of(k)})")
+    if g == h:
+        return scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
+    if mask is not None and isinstance(mask, torch.Tensor) and mask.ndim >= 3:
+        if mask.shape[-3] not in (1, h):
+            raise wrong_shape("mask", mask, f"(..., 1 or h={h}, n_q, n_k)")
+        # (..., h, n_q, n_k) -> (..., g, h/g, n_q, n_k); a size-1 head axis broadcasts
+        mask = mask.unflatten(-3, (g, h // g)) if mask.shape[-3] == h else mask.unsqueeze(-3)
+    q_groups = q.unflatten(-3, (g, h // g))              # (..., g, h/g, n_q, d)
+    k_shared, v_shared = k.unsqueeze(-3), v.unsqueeze(-3)  # (..., g, 1, n_k, d): not copied
+    out, weights = scaled_dot_product_attention(q_groups, k_shared, v_shared, mask=mask,
+                                                scale=scale)
+    return out.flatten(-4, -3), weights.flatten(-4, -3)  # (..., h, n_q, d_v), (..., h, n_q, n_k)

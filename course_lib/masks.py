@@ -38,6 +38,21 @@ def causal_mask(n_queries: int, n_keys: int | None = None, device=None) -> torch
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril()  # (n_q, n_k)
 
 
+def sliding_window_mask(n_queries: int, window: int, n_keys: int | None = None,
+                        device=None) -> torch.Tensor:
+    """Boolean (n_queries, n_keys) mask, True where 0 <= i - j < window (chapter 09).
+
+    A causal mask cut to the last `window` keys: query i sees itself and the window - 1 tokens
+    before it, so every row holds at most `window` True entries whatever the length.
+    window >= n_keys is the causal mask. Top-left aligned like `causal_mask`.
+    """
+    n_queries = check_count(n_queries, "n_queries")
+    window = check_count(window, "window")
+    n_keys = n_queries if n_keys is None else check_count(n_keys, "n_keys")
+    offset = torch.arange(n_queries, device=device)[:, None] - torch.arange(n_keys, device=device)
+    return (offset >= 0) & (offset < window)  # (n_q, n_k): i - j in 0 .. window - 1
+
+
 def padding_mask(lengths: Sequence[int] | torch.Tensor, n_keys: int) -> torch.Tensor:
     """Boolean (batch, 1, n_keys) mask, True for the first lengths[b] keys of sequence b.
 

@@ -15,8 +15,14 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from course_lib.attention import scaled_dot_product_attention
-from course_lib.validate import check_count, check_float_tensor, check_mask, wrong_shape
+from course_lib.attention import grouped_query_attention
+from course_lib.validate import (
+    check_count,
+    check_float_tensor,
+    check_kv_heads,
+    check_mask,
+    wrong_shape,
+)
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -46,9 +52,14 @@ class MultiHeadAttention(nn.Module):
       mask: bool (True = may attend) or additive float, of shape (n_q, n_k), (B, n_q, n_k),
       (B, 1, n_k) (a padding mask) or (B, heads, n_q, n_k); size-1 dims broadcast.
       out (B, n_q, d); weights (B, heads, n_q, n_k).
+
+    num_kv_heads=g < num_heads (chapter 09): grouped-query attention. K and V get g heads of
+    width d/h, so their projections map d to g·d/h columns, and each group of h/g query heads
+    shares one of them (g = 1: multi-query attention).
     """
 
-    def __init__(self, d_model: int, num_heads: int, bias: bool = True):
+    def __init__(self, d_model: int, num_heads: int, bias: bool = True,
+                 num_kv_heads: int | None = None):
         super().__init__()
         d_model, num_heads = check_count(d_model, "d_model"), check_count(num_heads, "num_heads")
         if d_model % num_heads:
@@ -56,9 +67,11 @@ class MultiHeadAttention(nn.Module):
                              "head gets d_model/num_heads features, so pick a divisor of "
                              f"{d_model}")
         self.d_model, self.num_heads, self.d_head = d_model, num_heads, d_model // num_heads
+        self.num_kv_heads = check_kv_heads(num_heads, num_kv_heads)
+        d_kv = self.num_kv_heads * self.d_head  # = d_model unless K/V heads are shared
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W_Q: all heads' queries at once
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_kv, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_kv, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O mixes the heads
 
     def _check(self, query, key, value, mask) -> None:
@@ -94,9 +107,9 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and mask.dim() == 3:
             mask = mask[:, None]  # (B, 1, n_q or 1, n_k): the same mask for every head
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, h, n_q, d_head)
-        k = split_heads(self.k_proj(key), self.num_heads)    # (B, h, n_k, d_head)
-        v = split_heads(self.v_proj(value), self.num_heads)  # (B, h, n_k, d_head)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, h, n_q, d_head)
+        k = split_heads(self.k_proj(key), self.num_kv_heads)    # (B, g, n_k, d_head)
+        v = split_heads(self.v_proj(value), self.num_kv_heads)  # (B, g, n_k, d_head)
+        heads, weights = grouped_query_attention(q, k, v, mask=mask)  # (B, h, n_q, d_head)
         # weights: (B, h, n_q, n_k)
         out = self.out_proj(merge_heads(heads))  # (B, n_q, d)
         return out, weights
@@ -109,6 +122,10 @@ class MultiHeadAttention(nn.Module):
         """
         if not isinstance(mha, nn.MultiheadAttention):
             raise ValueError(f"mha must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(f"this module shares keys and values (num_kv_heads="
+                             f"{self.num_kv_heads} < num_heads={self.num_heads}); "
+                             "torch.nn.MultiheadAttention has no such layout to load from")
         if (mha.embed_dim, mha.num_heads) != (self.d_model, self.num_heads):
             raise ValueError(f"mha has embed_dim={mha.embed_dim}, num_heads={mha.num_heads}; this "
                              f"module has d_model={self.d_model}, num_heads={self.num_heads}")

@@ -18,7 +18,7 @@ import numbers
 import torch
 
 __all__ = ["shape_of", "wrong_shape", "check_count", "check_number", "check_scale",
-           "check_float_tensor", "check_qkv", "check_mask", "check_attention"]
+           "check_float_tensor", "check_qkv", "check_mask", "check_attention", "check_kv_heads"]
 
 
 def shape_of(x) -> tuple[int, ...]:
@@ -146,3 +146,17 @@ def check_attention(q, k, v, mask=None, scale=None, causal: bool = False) -> tup
     check_scale(scale)
     check_mask(mask, scores_shape, q.device)
     return scores_shape
+
+
+def check_kv_heads(num_heads, num_kv_heads, shapes: str = "") -> int:
+    """Grouped-query attention's g: a positive integer that divides the h query heads.
+
+    Returns g (num_heads itself when num_kv_heads is None); `shapes` names the tensors involved.
+    """
+    if num_kv_heads is None:
+        return num_heads
+    g = check_count(num_kv_heads, "num_kv_heads")
+    if num_heads % g:
+        raise ValueError(f"num_heads={num_heads} is not divisible by num_kv_heads={g}: the query "
+                         f"heads come in g groups of h/g{shapes}")
+    return g

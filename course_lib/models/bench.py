@@ -75,7 +75,7 @@ def cache_memory(model: TinyTransformer, lengths: Sequence[int], batch: int = 1,
     weights = model.weight_bytes()
     rows = []
     for n in lengths:
-        cache = kv_cache_bytes(model.num_layers, model.num_heads, int(n), model.d_head, element,
+        cache = kv_cache_bytes(model.num_layers, model.num_kv_heads, int(n), model.d_head, element,
                                batch)
         rows.append({"n": int(n), "cache_bytes": cache, "weight_bytes": weights,
                      "cache_over_weights": cache / weights})

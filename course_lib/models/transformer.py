@@ -25,11 +25,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from course_lib.attention import scaled_dot_product_attention
+from course_lib.attention import grouped_query_attention
 from course_lib.masks import causal_mask
 from course_lib.multihead import merge_heads, split_heads
 from course_lib.position import apply_rope
-from course_lib.validate import check_count
+from course_lib.validate import check_count, check_kv_heads
 
 
 def kv_cache_bytes(num_layers: int, num_heads: int, n: int, d_head: int,
@@ -87,38 +87,44 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with RoPE, one qkv projection, and an optional KV cache."""
+    """Multi-head causal self-attention with RoPE, one qkv projection, and an optional KV cache.
 
-    def __init__(self, d_model: int, num_heads: int):
+    num_kv_heads=g (chapter 09): g key/value heads shared by groups of num_heads/g query heads,
+    so the qkv projection is d_model -> d_model + 2·g·d_head and the cache stores g heads.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None):
         super().__init__()
         self.num_heads, self.d_head = num_heads, d_model // num_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_V side by side
+        self.num_kv_heads = check_kv_heads(num_heads, num_kv_heads)
+        d_kv = self.num_kv_heads * self.d_head  # = d_model unless K/V heads are shared
+        self.qkv = nn.Linear(d_model, d_model + 2 * d_kv)  # W_Q, W_K, W_V side by side
         self.proj = nn.Linear(d_model, d_model)  # W_O
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         """x: (B, t, d_model), positions: (B, t), mask: (B, 1, t, S) with S keys
         -> (B, t, d_model)."""
-        d_model = x.shape[-1]
-        q, k, v = self.qkv(x).split(d_model, dim=-1)  # (B, t, d_model) each
+        d_model, d_kv = x.shape[-1], self.num_kv_heads * self.d_head
+        q, k, v = self.qkv(x).split((d_model, d_kv, d_kv), dim=-1)  # (B, t, d_model), (B, t, d_kv)
         q = split_heads(q, self.num_heads)  # (B, heads, t, d_head): chapter 05's split
-        k = split_heads(k, self.num_heads)  # (B, heads, t, d_head)
-        v = split_heads(v, self.num_heads)  # (B, heads, t, d_head)
+        k = split_heads(k, self.num_kv_heads)  # (B, kv_heads, t, d_head)
+        v = split_heads(v, self.num_kv_heads)  # (B, kv_heads, t, d_head)
         q = apply_rope(q, positions[:, None, :])  # each sequence's own positions, every head
         k = apply_rope(k, positions[:, None, :])  # keys are cached already rotated
         if cache is not None:
-            k, v = cache.append(layer, k, v)  # (B, heads, S, d_head): the past and the new tokens
-        out, _ = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, heads, t, d_head)
+            k, v = cache.append(layer, k, v)  # (B, kv_heads, S, d_head): past and new tokens
+        out, _ = grouped_query_attention(q, k, v, mask=mask)  # (B, heads, t, d_head)
         return self.proj(merge_heads(out))  # (B, t, d_model): heads side by side again
 
 
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, d_model: int, num_heads: int):
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, num_heads)
+        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads)
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
                                  nn.Linear(4 * d_model, d_model))
@@ -133,11 +139,13 @@ class TinyTransformer(nn.Module):
 
     TinyTransformer(vocab_size, d_model, num_heads, num_layers, max_len): d_model must split into
     num_heads heads of even width (RoPE rotates pairs). max_len is the longest sequence, prompt
-    plus generated tokens (and padding), the model accepts.
+    plus generated tokens (and padding), the model accepts. num_kv_heads=g (chapter 09):
+    grouped-query attention in every layer, g key/value heads, a KV cache h/g times smaller;
+    cached generation stays identical to recomputation.
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int,
-                 max_len: int):
+                 max_len: int, num_kv_heads: int | None = None):
         super().__init__()
         vocab_size = check_count(vocab_size, "vocab_size")
         d_model = check_count(d_model, "d_model", minimum=2)
@@ -151,10 +159,12 @@ class TinyTransformer(nn.Module):
             raise ValueError(f"each head has d_head = d_model / num_heads = "
                              f"{d_model // num_heads}, but RoPE rotates pairs of columns: d_head "
                              "must be even")
+        self.num_kv_heads = check_kv_heads(num_heads, num_kv_heads)
         self.vocab_size, self.d_model, self.num_heads = vocab_size, d_model, num_heads
         self.num_layers, self.max_len, self.d_head = num_layers, max_len, d_model // num_heads
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, num_heads) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(Block(d_model, num_heads, self.num_kv_heads)
+                                    for _ in range(num_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
 
@@ -202,8 +212,8 @@ class TinyTransformer(nn.Module):
         batch = check_count(batch, "batch")
         capacity = self.max_len if capacity is None else check_count(capacity, "capacity")
         p = self.lm_head.weight
-        return KVCache(self.num_layers, batch, self.num_heads, capacity, self.d_head, p.dtype,
-                       p.device)
+        return KVCache(self.num_layers, batch, self.num_kv_heads, capacity, self.d_head,
+                       p.dtype, p.device)
 
     def forward(self, idx: torch.Tensor, lengths=None,
                 cache: KVCache | None = None) -> torch.Tensor:
