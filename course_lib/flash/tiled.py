@@ -33,42 +33,61 @@ def naive_attention(q, k, v, causal: bool = False, scale=None) -> torch.Tensor:
     return weights @ v                                             # (..., n_q, d_v)
 
 
-def _attn_fwd_inner(acc, l_i, m_i, q_blk, k, v, start_m, lo, hi, block_size, diagonal):
+def _attn_fwd_inner(acc, l_i, m_i, q_blk, k, v, start_m, lo, hi, block_size, diagonal,
+                    window=None):
     """Walk the key blocks [lo, hi) for one block of queries, updating the running statistics.
 
     The same loop as the kernel's `_attn_fwd_inner` (see the comment there for why `alpha`
     rescales what came before). m_i: running max, l_i: running sum, acc: running output.
+    window (chapter 09): also mask keys j <= i - window, the left edge of a sliding window.
     """
     rows = start_m + torch.arange(q_blk.shape[-2], device=q_blk.device)  # query positions
     for start_n in range(lo, hi, block_size):
         k_blk = k[:, start_n:start_n + block_size, :]                  # (BH, BLOCK_N, d)
         v_blk = v[:, start_n:start_n + block_size, :]                  # (BH, BLOCK_N, d_v)
         scores = q_blk @ k_blk.transpose(-2, -1)                       # (BH, BLOCK_M, BLOCK_N)
-        if diagonal:  # only the diagonal block needs the causal mask
+        if diagonal or window is not None:  # only blocks a mask cuts through are masked
             cols = start_n + torch.arange(k_blk.shape[-2], device=q_blk.device)
-            scores = scores.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+            blocked = cols[None, :] > rows[:, None]                    # (BLOCK_M, BLOCK_N)
+            if window is not None:
+                blocked = blocked | (cols[None, :] <= rows[:, None] - window)
+            scores = scores.masked_fill(blocked, float("-inf"))
         # the new running max; detached: a shift the softmax does not depend on (and it keeps
         # the in-place exp below legal under autograd)
         m_ij = torch.maximum(m_i, scores.detach().amax(dim=-1))        # (BH, BLOCK_M)
+        shift = m_ij
+        if window is not None:
+            # a row can find every key of this tile masked before it has seen any key: its max
+            # is still -inf, and exp(-inf - (-inf)) would be NaN. Shift by 0 there instead, so
+            # the tile adds exp(-inf) = 0 and the row's statistics stay as they were.
+            shift = torch.where(torch.isinf(m_ij), torch.zeros_like(m_ij), m_ij)
         # exp(s - m_new) in the scores' own memory: one tile alive, not three (the notebook
         # measures the peak); everything else is plain
-        p = scores.sub_(m_ij[..., None]).exp_()                        # (BH, BLOCK_M, BLOCK_N)
-        alpha = torch.exp(m_i - m_ij)                                  # exp(m_old - m_new)
+        p = scores.sub_(shift[..., None]).exp_()                       # (BH, BLOCK_M, BLOCK_N)
+        alpha = torch.exp(m_i - shift)                                 # exp(m_old - m_new)
         l_i = l_i * alpha + p.sum(dim=-1)
         acc = acc * alpha[..., None] + p @ v_blk                       # rescale, add p @ v
         m_i = m_ij
     return acc, l_i, m_i
 
 
-def tiled_attention(q, k, v, causal: bool = False, scale=None, block_size: int = 64):
+def tiled_attention(q, k, v, causal: bool = False, scale=None, block_size: int = 64,
+                    window: int | None = None):
     """Exact attention computed block by block, never building the (n_q, n_k) grid.
 
     q: (..., n_q, d), k: (..., n_k, d), v: (..., n_k, d_v). Returns (out, logsumexp) with
     out: (..., n_q, d_v) in q's dtype and logsumexp: (..., n_q) float32, the log of each row's
     softmax denominator (what the kernel saves for its backward pass). Peak extra memory is a
     few (block_size x block_size) tiles instead of the n_q x n_k grid.
+
+    window=W (chapter 09): a causal sliding window, query i sees keys i - W + 1 .. i (the mask
+    `sliding_window_mask`; it implies causal=True). Key blocks entirely outside every window of
+    a query block are never computed, so the work per query is about W + block_size keys
+    whatever n is.
     """
-    *lead, n_q, n_k = check_attention(q, k, v, scale=scale, causal=causal)
+    if window is not None:
+        window = check_count(window, "window")
+    *lead, n_q, n_k = check_attention(q, k, v, scale=scale, causal=causal or window is not None)
     block_size = check_count(block_size, "block_size")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))  # shared batch/head dims
@@ -88,7 +107,22 @@ def tiled_attention(q, k, v, causal: bool = False, scale=None, block_size: int =
         m_i = torch.full((bh, rows), float("-inf"), dtype=work, device=q.device)  # running max
         l_i = torch.zeros(bh, rows, dtype=work, device=q.device)                  # running sum
         acc = torch.zeros(bh, rows, d_v, dtype=work, device=q.device)             # running output
-        if causal:
+        if window is not None:
+            # the oldest key any row of this block may see, and the oldest that all rows see
+            lo = max(0, start_m - window + 1) // block_size * block_size
+            inside = -(-max(0, start_m + rows - window) // block_size) * block_size  # round up
+            inside = min(max(inside, lo), start_m)
+            # stage 0: blocks the window's left edge cuts through (masked); none further left
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
+                                            lo, inside, block_size, diagonal=False, window=window)
+            # stage 1: blocks inside every row's window, no mask needed
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
+                                            inside, start_m, block_size, diagonal=False)
+            # stage 2: the diagonal block (the window may cut it too when W < block_size)
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
+                                            start_m, min(start_m + block_size, n_k), block_size,
+                                            diagonal=True, window=window)
+        elif causal:
             # stage 1: key blocks entirely left of the diagonal, no mask needed
             acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
                                             0, start_m, block_size, diagonal=False)
