@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Chapter 08 on a CUDA GPU, in one call: the kernel tests compiled, then the GPU benchmark.
+# Chapter 08 on a CUDA GPU, in one call that fits a 10-minute command (course_lib/flash/gpu_check.py):
+# machine and versions, SDPA's backend choice, the bf16 matmul rate, bf16 correctness at
+# n = 2k-8k with autotuning on, forward/backward timings against SDPA (default, FlashAttention-2,
+# cuDNN), then the compiled kernel tests last under their own timeout.
 #
 #   tools/gpu_check.sh                 # writes under $OUT (default ./bench-results/gpu)
-#   PYTHON=/path/to/python tools/gpu_check.sh
+#   tools/gpu_check.sh --dry-run       # the same flow on a CPU with tiny sizes (under a minute)
+#   PYTHON=/path/to/python BUDGET=300 tools/gpu_check.sh
 #
-# Needs a Python with a CUDA build of torch and Triton (no network is used). Writes:
-#   $OUT/env.txt          device, driver, versions, date
-#   $OUT/tests.log        pytest of tests/test_flash_triton.py (compiled kernels vs SDPA)
-#   $OUT/bench.log        the benchmark table (also as markdown) and the targets summary
-#   $OUT/flash_gpu.csv    one row per (dtype, d, causal, n, fwd/bwd, provider)
-# Paste bench.log's markdown table, with env.txt's line, into docs/benchmarks.md.
+# Writes, each as soon as it is known:
+#   $OUT/results.jsonl   one JSON object per result (survives a killed run)
+#   $OUT/summary.md      the tables and the targets; written even when the run is stopped
+#   $OUT/pytest.log      the compiled kernel tests' output
+# Paste summary.md's tables, with its machine line, into docs/benchmarks.md.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-bench-results/gpu}"
+export OUT="${OUT:-bench-results/gpu}"
 mkdir -p "$OUT"
 
 if [ -z "${PYTHON:-}" ]; then
@@ -23,36 +26,17 @@ if [ -z "${PYTHON:-}" ]; then
   done
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # course_lib without installing it
-unset TRITON_INTERPRET                                 # compiled kernels, not the interpreter
+export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"  # Triton 3.9's default, quietly
+case " $* " in
+  *" --dry-run "*) ;;
+  *) unset TRITON_INTERPRET ;;                       # compiled kernels, not the interpreter
+esac
 
-{
-  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
-  "$PYTHON" - <<'PY'
-import platform, torch
-print("python:", platform.python_version(), "| torch:", torch.__version__, "| cuda:", torch.version.cuda)
-try:
-    import triton; print("triton:", triton.__version__)
-except ImportError:
-    print("triton: not installed")
-print("cuda available:", torch.cuda.is_available(),
-      "|", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
-PY
-} 2>&1 | tee "$OUT/env.txt"
-
-if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "no CUDA GPU visible to $PYTHON: nothing to check" | tee -a "$OUT/env.txt"
-  exit 2
-fi
-
-status=0
-echo "== kernel tests (compiled) ==" | tee "$OUT/tests.log"
-COURSE_FLASH_AUTOTUNE=0 timeout 170 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_flash_triton.py tests/test_flash_tiled.py \
-  2>&1 | tee -a "$OUT/tests.log" || status=1
-
-echo "== benchmark ==" | tee "$OUT/bench.log"
-timeout 380 "$PYTHON" -m course_lib.flash.bench --device cuda --markdown --no-progress \
-  --csv "$OUT/flash_gpu.csv" 2>&1 | tee -a "$OUT/bench.log" || status=1
-
-echo "gpu_check: exit status $status (0 = tests passed and the benchmark finished)" | tee -a "$OUT/bench.log"
-exit $status
+# measurements stop starting new steps after BUDGET s; the tests get PYTEST_TIMEOUT s; the whole
+# call is cut at 570 s, inside a 10-minute command (the summary is written on SIGTERM too)
+timeout -k 10 570 "$PYTHON" -m course_lib.flash.gpu_check --out "$OUT" \
+  --budget "${BUDGET:-300}" --pytest-timeout "${PYTEST_TIMEOUT:-150}" "$@" 2>&1 | tee "$OUT/run.log"
+status=${PIPESTATUS[0]}
+echo "gpu_check: exit status $status (0 = correctness passed and the kernel tests passed)" \
+  | tee -a "$OUT/run.log"
+exit "$status"
