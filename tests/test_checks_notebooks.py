@@ -1,16 +1,16 @@
 """The Checks of chapters 01-08 and the solution notebooks that use them agree: graded test cells
-hold only check calls (the grader reads them with `ast`), every check has tiered hints whose
-first tier is the `# HINT:` line, and neither that nudge nor the student cell gives the solution
-away (issue 13: no more than a third of the solution's 3-token sequences)."""
+hold only check calls (the grader reads them with `ast` and judges each call itself), every check
+has tiered hints ending at its solution, and an answer cell named after a check shows that check's
+tier-1 hint as its `# HINT:` line. (That no nudge or student cell gives the solution away is
+tests/test_exercise_design.py's job.)"""
 
 import ast
-import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from course_lib.checks import Check, get, hint
+from course_lib.checks import Check, get
 from course_lib.checks._protocol import all_checks
 from course_tools.exercises import student_version
 
@@ -18,24 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = [f"{n:02d}" for n in range(1, 9)]
 SOLUTIONS = {nn: next((ROOT / "solutions").glob(f"{nn}_*.ipynb")) for nn in CHAPTERS}
 CHECKS = [c for c in all_checks() if c.id[2:4] in CHAPTERS]
-TOKEN = re.compile(r"\w+|[^\w\s]")
-
-
-def _grams(text: str) -> set:
-    tokens = TOKEN.findall(text)
-    return {tuple(tokens[i:i + 3]) for i in range(len(tokens) - 2)}
-
-
-def _solution_code(source: str) -> str:
-    lines, inside = [], False
-    for line in source.split("\n"):
-        if "### BEGIN SOLUTION" in line:
-            inside = True
-        elif "### END SOLUTION" in line:
-            inside = False
-        elif inside:
-            lines.append(line)
-    return "\n".join(lines)
 
 
 def _cells(kind: str):
@@ -80,22 +62,12 @@ def test_graded_test_cells_hold_only_check_calls(nn, cell, blank):
 
 
 @pytest.mark.parametrize("nn, cell, blank", list(_cells("solution")))
-def test_the_hint_line_is_the_tier_one_nudge_and_gives_nothing_away(nn, cell, blank):
-    grade_id = cell.metadata["nbgrader"]["grade_id"]
-    check = get(grade_id)
+def test_an_answer_cell_named_after_a_check_shows_its_tier_one_hint(nn, cell, blank):
+    try:
+        check = get(cell.metadata["nbgrader"]["grade_id"])
+    except ValueError:
+        pytest.skip("this answer cell feeds a check named otherwise (e.g. a prediction)")
     hint_lines = [line.split("# HINT:", 1)[1].strip() for line in cell.source.split("\n")
                   if "# HINT:" in line]
     assert hint_lines == [check.hints[0]]
-    solution = _grams(_solution_code(cell.source))
-    assert solution, "an answer cell without solution code"
-    for text, what in ((check.hints[0], "the tier-1 hint"), (blank.source, "the student cell")):
-        shared = len(solution & _grams(text)) / len(solution)
-        assert shared <= 1 / 3, f"{what} shares {shared:.0%} of the solution's 3-token sequences"
     assert f"raise NotImplementedError({check.hints[0]!r})" in blank.source
-
-
-def test_hint_tiers_on_request(capsys):
-    hint("ch03_jacobian", 2)
-    out = capsys.readouterr().out
-    assert out.startswith("Hint 2 of 4 for ch03_jacobian: ") and "quotient rule" in out
-    assert 'check.hint("ch03_jacobian", 3)' in out
