@@ -128,3 +128,31 @@ def test_wrong_multi_head_attention(wrong, words):
 def test_wrong_previous_token_score(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.previous_token_score(wrong)
+
+
+def merge_given(x):
+    """The planted bug of exercise 2, as the notebook gives it."""
+    batch, heads, n, d_head = x.shape
+    return x.reshape(batch, n, heads * d_head)
+
+
+def test_the_planted_merge_bug_left_unfixed_is_named():
+    with pytest.raises(CheckFailure, match="still the planted bug"):
+        check.merge_heads(merge_given)
+
+
+def test_flop_growth_is_measured_and_the_prediction_judged(capsys):
+    assert check.measured_flops(4) / check.measured_flops(1) == 8.0
+    check.flop_growth(8.0)
+    assert "8x" in capsys.readouterr().out
+    check.flop_growth(torch.tensor(7.0))  # within a quarter of the count
+
+
+@pytest.mark.parametrize("prediction,words", [
+    (4, "only the attention part"), (16.0, "only the projections"), (1, "FIXED d_model"),
+    (30.0, "you predicted 30x"), (None, "None"), ("8", "should be a number"),
+    (float("nan"), "finite"), (-1.0, "outside"), (True, "should be a number"),
+])
+def test_flop_growth_explains_a_wrong_prediction(prediction, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.flop_growth(prediction)

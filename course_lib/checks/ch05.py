@@ -1,5 +1,6 @@
-"""Checkers for exercises/05_multihead.ipynb: split and merge heads, a multi-head forward pass,
-and a previous-token score for attention heads."""
+"""Checkers for exercises/05_multihead.ipynb: split heads (build), fix a merge that mixes
+positions (debug), a multi-head forward pass (build), predict what widening the model costs
+(predict), and a previous-token score for attention heads (build)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import torch
 import torch.nn.functional as F
 
 import course_lib.multihead as multihead
+from course_lib.checks._answers import number
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._protocol import Check, each, hint, value
 
-__all__ = ["split_heads", "merge_heads", "multi_head_attention", "previous_token_score", "hint"]
+__all__ = ["split_heads", "merge_heads", "multi_head_attention", "flop_growth",
+           "previous_token_score", "hint"]
 
 SOLUTION = "solutions/05_multihead.ipynb"
 
@@ -109,13 +112,14 @@ def _merge_judge(cases: list, outcomes: list) -> str:
         expect_shape(t, want.shape, "merge_heads(x)", hint="wanted (batch, n, heads * d_head).")
         B, h, n, dh = x.shape
         if n > 1 and h > 1 and torch.allclose(t, x.reshape(B, n, h * dh)):
-            fail("merge_heads reshapes without moving the head axis back: positions get mixed up. "
-                 "Put the positions before the heads first, then flatten the heads.")
+            fail("still the planted bug: merge_heads reshapes without moving the head axis back, "
+                 "so positions get mixed up (the shape is right, the numbers are not). Put the "
+                 "positions before the heads first, then flatten the heads.")
         expect_close(t, want, "merge_heads(x)", atol=1e-12,
                      hint="position j's output must be [head 0's j-th row, head 1's j-th row, "
                           "...].")
     return ("merge_heads: (batch, heads, n, d_head) -> (batch, n, d), the exact inverse of "
-            "split_heads.")
+            "split_heads (the given version skipped moving the head axis back).")
 
 
 merge_heads = Check(
@@ -125,7 +129,8 @@ merge_heads = Check(
     judge=_merge_judge,
     forbid=((multihead, "merge_heads"),),
     hints=(
-        "Undo split_heads step by step, in reverse order: what was done last is undone first.",
+        "The given version returns the right shape with the wrong numbers: a round trip "
+        "through split_heads shows it. Undo the split in reverse order.",
         "Bring the positions back in front of the heads, then glue each position's head slices "
         "together along the features. The swapped tensor is not contiguous, so a plain view "
         "will refuse it.",
@@ -215,7 +220,66 @@ multi_head_attention = Check(
 )
 
 
-# ---------------------------------------------------------------- exercise 4
+# ---------------------------------------------------------------- exercise 4 (predict)
+
+FLOP_N, FLOP_D_HEAD, FLOP_HEADS = 64, 16, (1, 4)
+
+
+def measured_flops(num_heads: int, n: int = FLOP_N, d_head: int = FLOP_D_HEAD) -> int:
+    """FLOPs of one forward pass of the course's MultiHeadAttention(num_heads * d_head, ...)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    d_model = num_heads * d_head
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        mha = multihead.MultiHeadAttention(d_model, num_heads)
+        x = torch.randn(1, n, d_model)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        mha(x)
+    return counter.get_total_flops()
+
+
+def _flop_judge(cases: list, outcomes: list) -> str:
+    got = number(value(outcomes[0], "predicted_growth"), "predicted_growth", 0, 1e6,
+                 "a number (how many times more FLOPs)")
+    one, four = (measured_flops(h) for h in FLOP_HEADS)
+    growth = four / one
+    gap = (f"you predicted {got:g}x; the count went from {one:,} to {four:,} FLOPs, {growth:g}x")
+    why = ("the four projections (x W_q, x W_k, x W_v and the output mix) are d_model x d_model "
+           "matrices, so they grow with d_model squared (16x), while the score grids and the blend "
+           "grow with the number of heads (4x); at n = 64 the two parts start out 1 : 2, so the "
+           "total lands in between.")
+    if abs(got - growth) <= 0.25 * growth:
+        return f"flop_growth: {gap}. Right: {why}"
+    if abs(got - 4) < 0.5:
+        fail(f"{gap}. 4x would hold if only the attention part counted: {why}")
+    if abs(got - 16) < 1:
+        fail(f"{gap}. 16x would hold if only the projections counted: {why}")
+    if abs(got - 1) < 0.2:
+        fail(f"{gap}. Same cost holds at a FIXED d_model (section 2); here d_model grows with the "
+             f"heads: {why}")
+    fail(f"{gap}: {why}")
+
+
+flop_growth = Check(
+    id="ch05.flop_growth",
+    cases=lambda seed, hidden: [None],
+    run=lambda prediction, case: prediction,
+    judge=_flop_judge,
+    hints=(
+        "Split the cost into the part that does not care about heads (the projections) and the "
+        "part that happens once per head (scores and blend), and ask how each one grows.",
+        "Projections: four (d_model x d_model) products per token, 2 n d_model^2 FLOPs each. "
+        "Scores and blend: 2 n^2 d_head each, per head.",
+        "total(h) = 8 n (h d_head)^2 + 4 h n^2 d_head; divide total(4) by total(1) at n = 64, "
+        "d_head = 16.",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
+    ),
+    grade_ids=("ch05_flop_growth_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 5
 
 def _perfect_head(n: int) -> torch.Tensor:
     perfect = torch.zeros(1, 1, n, n, dtype=torch.float64)
@@ -277,7 +341,7 @@ previous_token_score = Check(
         "has none). Average them over the batch and the queries, keeping the head axis.",
         "torch.diagonal with offset=-1 over the last two axes gives (batch, heads, n-1); its "
         "mean over dims 0 and 2 is the score.",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
+        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
     grade_ids=("ch05_prev_score_test",),
 )
