@@ -53,3 +53,25 @@ def test_bad_inputs():
         layer_flops(0, 64)
     with pytest.raises(ValueError, match="d_mlp must be a positive integer"):
         crossover_length(64, d_mlp=-1)
+
+
+def test_bench_rows_growth_and_crossover(tmp_path, capsys):
+    from course_lib.cost import bench
+
+    rows = bench.measure(bench.window_methods(window=8, block_size=16), [64, 128], window=8,
+                         repeats=1)
+    assert [(r["n"], r["method"]) for r in rows] == [(64, "tiled (window 8)"),
+                                                     (64, "SDPA + dense mask"),
+                                                     (128, "tiled (window 8)"),
+                                                     (128, "SDPA + dense mask")]
+    assert all(r["time_ms"] > 0 and r["peak_mib"] >= 0 for r in rows)
+    made = [{"n": n, "method": m, "time_ms": t} for n, m, t in
+            [(1, "a", 1.0), (2, "a", 2.0), (4, "a", 4.0), (1, "b", 0.5), (2, "b", 2.0),
+             (4, "b", 8.0)]]
+    assert bench.growth_per_doubling(made, "a") == pytest.approx(2.0)
+    assert bench.growth_per_doubling(made, "b") == pytest.approx(4.0)
+    assert bench.crossover(made, "a", "b") == 4 and bench.crossover(made, "b", "a") is None
+    assert bench.main(["--sizes", "32", "64", "--repeats", "1", "--csv",
+                       str(tmp_path / "c.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "per doubling of n" in out and (tmp_path / "c.csv").exists()

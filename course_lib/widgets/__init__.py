@@ -9,6 +9,7 @@ output in place. Tests drive `Explorer.update(...)` directly.
     mask_explorer             chapter 04  mask type on an attention map
     head_explorer             chapter 05  a trained model's heads, one at a time
     online_softmax_stepper    chapter 08  the online softmax, tile by tile
+    window_explorer           chapter 09  a sliding window's size: its mask, reach and cost
     layer_head_explorer       chapter 10  a stacked model's heads on real text, layer by layer
 """
 
@@ -22,6 +23,7 @@ _WHERE = {
     "mask_explorer": "ch04",
     "head_explorer": "ch05",
     "online_softmax_stepper": "ch08",
+    "window_explorer": "ch09",
     "layer_head_explorer": "ch10",
 }
 
