@@ -32,8 +32,26 @@ def gradient_ok(query, keys, values, temperature=1.0):
     return q.grad
 
 
+def many_ok(queries, keys, values, temperature=1.0):
+    scores = queries @ keys.T / temperature
+    e = np.exp(scores - scores.max(axis=1, keepdims=True))
+    w = e / e.sum(axis=1, keepdims=True)
+    return w @ values, w
+
+
+def many_buggy(queries, keys, values, temperature=1.0):  # the notebook's planted bug
+    scores = queries @ keys.T / temperature
+    e = np.exp(scores - scores.max())
+    w = e / e.sum(axis=0)
+    return w @ values, w
+
+
 # Right answers (the reference, then other forms a learner may write); each must pass.
 CORRECT = [
+    (check.lookup_many, many_ok),
+    (check.lookup_many, lambda qs, k, v, t=1.0: (
+        torch.softmax(torch.tensor(qs @ k.T / t), -1) @ torch.tensor(v),
+        torch.softmax(torch.tensor(qs @ k.T / t), -1))),
     (check.similarity_scores, scores_ok),
     (check.softmax_weights, softmax_ok),
     (check.soft_lookup, lookup_ok),
@@ -52,6 +70,8 @@ GENERIC_WRONG = [
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
+    (check.lookup_many, lambda qs, k, v, t=1.0: tuple(map(np.stack, zip(
+        *(lookup.soft_lookup(q, k, v, t) for q in qs))))),
     (check.soft_lookup, lambda q, k, v, t=1.0: lookup.soft_lookup(q, k, v, t)),
 ]
 
@@ -97,3 +117,53 @@ def test_wrong_lookup(wrong, words):
 def test_wrong_gradient(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.query_gradient(wrong)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (many_buggy, "still normalising over the queries"),
+    (lambda qs, k, v, t=1.0: (lambda e: (e / e.sum(axis=1) @ v, e / e.sum(axis=1)))(
+        np.exp(qs @ k.T / t)), "wrong axis|broadcast"),
+    (lambda qs, k, v, t=1.0: (lambda e: (e @ v, e))(np.exp(qs @ k.T / t)), "not 1"),
+    (lambda qs, k, v, t=1.0: many_ok(qs, k, v, t)[1], "should return a pair"),
+    (lambda qs, k, v, t=1.0: (many_ok(qs, k, v, t)[0], many_ok(qs, k, v, t)[1].T), "shape"),
+])
+def test_wrong_lookup_many(wrong, words):
+    with pytest.raises(CheckFailure) as info:
+        check.lookup_many(wrong)
+    assert any(w in str(info.value) for w in words.split("|")), str(info.value)
+
+
+def test_the_planted_bug_is_named_on_the_graders_hidden_cases_too():
+    from course_lib.checks._protocol import decode, encode, run_cases
+    cases = check.lookup_many.cases(7, True)
+    outcomes = run_cases(check.lookup_many, (many_buggy,), decode(encode(cases)))
+    with pytest.raises(CheckFailure, match="still normalising over the queries"):
+        check.lookup_many.judge(cases, outcomes)
+
+
+@pytest.mark.parametrize("seed", [0, 12345])
+def test_the_right_prediction_passes_for_any_seed(seed, capsys):
+    from course_lib.checks._protocol import run_cases
+    cases = check.temperature_prediction.cases(seed, True)
+    right = {"cold": 10.0, "hot": 25.0}
+    assert "hard lookup" in check.temperature_prediction.judge(
+        cases, run_cases(check.temperature_prediction, (right,), cases))
+    check.temperature_prediction({"cold": 10, "hot": np.float64(24.9)})
+    assert capsys.readouterr().out.startswith("✔")
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (None, "is None: write your prediction"),
+    (42, "should be a dict"),
+    ({"cold": 10.0}, "no entry for 'hot'"),
+    ({"cold": 10.0, "hot": float("nan")}, "one finite number"),
+    ({"cold": 10.0, "hot": "25"}, "could not be read|should be a tensor"),
+    ({"cold": 25.0, "hot": 25.0}, "hard lookup"),
+    ({"cold": 10.0, "hot": 40.0}, "plain average"),
+    ({"cold": 40.0, "hot": 10.0}, "hard lookup"),
+])
+def test_wrong_predictions_are_explained(wrong, words):
+    with pytest.raises(CheckFailure) as info:
+        check.temperature_prediction(wrong)
+    assert any(w in str(info.value) for w in words.split("|")), str(info.value)
+    assert "returned" in str(info.value) or "prediction" in str(info.value)

@@ -7,10 +7,11 @@ import numpy as np
 import torch
 
 import course_lib.lookup as lookup
-from course_lib.checks._core import call, expect_close, fail, to_tensor
+from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import Check, each, hint
 
-__all__ = ["similarity_scores", "softmax_weights", "soft_lookup", "query_gradient", "hint"]
+__all__ = ["similarity_scores", "softmax_weights", "soft_lookup", "query_gradient",
+           "temperature_prediction", "lookup_many", "hint"]
 
 SOLUTION = "solutions/01_soft_dictionary.ipynb"
 
@@ -197,4 +198,149 @@ query_gradient = Check(
         f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
     grade_ids=("ch01_gradient_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 5 (predict)
+
+# The small dictionary of exercise 5 (the notebook's given cell builds the same one).
+PREDICT_KEYS = np.array([[2.0, 0.0], [0.0, 2.0], [-2.0, 0.0], [0.0, -2.0]])
+PREDICT_VALUES = np.array([10.0, 20.0, 30.0, 40.0])
+PREDICT_QUERY = np.array([1.0, 0.5])
+TEMPERATURES = {"cold": 0.01, "hot": 100.0}
+_TOLERANCE = {"cold": 0.5, "hot": 1.0}
+
+
+def _read_prediction(got, name: str, keys: tuple[str, ...]) -> dict[str, float]:
+    """A prediction committed as {key: number}: every wrong form becomes feedback."""
+    if got is None:
+        fail(f"{name} is None: write your prediction into it (a dict with keys "
+             f"{', '.join(map(repr, keys))}) before you run the experiment cell.")
+    if not isinstance(got, dict):
+        fail(f"{name} should be a dict with keys {', '.join(map(repr, keys))}; it is a "
+             f"{type(got).__name__}.")
+    missing = [k for k in keys if k not in got]
+    if missing:
+        fail(f"{name} has no entry for {', '.join(map(repr, missing))}: predict every case.")
+    out = {}
+    for k in keys:
+        t = to_tensor(got[k], f"{name}[{k!r}]", dtype=torch.float64)
+        if t.numel() != 1 or not bool(torch.isfinite(t).all()):
+            fail(f"{name}[{k!r}] should be one finite number, got {got[k]!r}.")
+        out[k] = float(t.reshape(()))
+    return out
+
+
+def _temperature_judge(cases: list, outcomes: list) -> str:
+    (_, got), = each(cases, outcomes)
+    predicted = _read_prediction(got, "prediction", tuple(TEMPERATURES))
+    lines = []
+    for name, temperature in TEMPERATURES.items():
+        measured, weights = lookup.soft_lookup(PREDICT_QUERY, PREDICT_KEYS, PREDICT_VALUES,
+                                               temperature)
+        gap = predicted[name] - float(measured)
+        if abs(gap) > _TOLERANCE[name]:
+            why = ("a cold softmax puts (almost) all the weight on the best-matching key, "
+                   f"key {int(np.argmax(weights))}: the soft lookup becomes a hard lookup"
+                   if name == "cold" else
+                   "a hot softmax flattens the weights towards 1/n each: the lookup returns "
+                   "(nearly) the plain average of the values")
+            lines.append(f"at temperature {temperature:g} the lookup returned "
+                         f"{float(measured):.2f}, you predicted {predicted[name]:.2f}: {why}.")
+    if lines:
+        fail("your prediction is off: " + " And ".join(lines))
+    return ("prediction: cold -> the best match's value (a hard lookup), hot -> nearly the "
+            "average of the values.")
+
+
+temperature_prediction = Check(
+    id="ch01.temperature_prediction",
+    cases=lambda seed, hidden: [None],
+    run=lambda value, case: value,
+    judge=_temperature_judge,
+    hints=(
+        "Think about the two extremes of the temperature: what a softmax does to scores divided "
+        "by a tiny number, and to scores divided by a huge one.",
+        "Dividing by 0.01 multiplies every gap between scores by 100; dividing by 100 shrinks "
+        "every gap to almost nothing. Which key wins, and how do the weights look, in each case?",
+        "Cold: the weights become one-hot on the largest score, so the value is that key's "
+        "value. Hot: the weights become (nearly) 1/n each, so the value is (nearly) the mean.",
+        f"The worked answer is exercise 5 of {SOLUTION}.",
+    ),
+    grade_ids=("ch01_temperature_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 6 (debug)
+
+def _many_cases(seed: int, hidden: bool) -> list:
+    rng = np.random.default_rng([6, seed])
+    sizes = [(3, 5, 2, 2, 1.0), (4, 4, 3, 1, 0.5), (1, 6, 2, 3, 2.0), (6, 2, 4, 2, 1.0)]
+    sizes += [(8, 8, 5, 3, 0.2), (2, 30, 3, 4, 3.0)] if hidden else []
+    cases = []
+    for m, n, d, d_v, t in sizes:
+        problem = _problem(rng, n, d, d_v)
+        del problem["query"]
+        cases.append({"queries": rng.normal(size=(m, d)), **problem, "temperature": t})
+    return cases
+
+
+def _many_softmax(scores: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(scores - scores.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _many_judge(cases: list, outcomes: list) -> str:
+    for case, result in each(cases, outcomes):
+        queries, keys, values = case["queries"], case["keys"], case["values"]
+        scores = queries @ keys.T / case["temperature"]
+        (m, n), want = scores.shape, _many_softmax(scores, axis=1)
+        if result is None:
+            fail("lookup_many returned None: did you forget to `return` the pair "
+                 "(blended, weights)?")
+        if not (isinstance(result, tuple) and len(result) == 2):
+            fail(f"lookup_many should return a pair (blended, weights); it returned "
+                 f"{type(result).__name__}.")
+        blended, weights = result
+        w = to_tensor(weights, "the weights of lookup_many", dtype=torch.float64)
+        expect_shape(w, (m, n), "the weights of lookup_many", "One row per query, one column per "
+                     "key.")
+        if m > 1 and torch.allclose(w, torch.as_tensor(_many_softmax(scores, axis=0))):
+            fail("still normalising over the queries: each COLUMN of your weights sums to 1 "
+                 "(the sum ran over axis 0, the queries). Each query's ROW must sum to 1: its "
+                 "weights are spread over the keys.")
+        e = np.exp(scores - scores.max(axis=1, keepdims=True))
+        if m == n and torch.allclose(w, torch.as_tensor(e / e.sum(axis=1))):
+            fail("your row sums broadcast along the wrong axis: a sum over axis 1 has shape "
+                 "(m,), which divides COLUMN j by row j's sum. Keep the summed axis "
+                 "(keepdims=True) so each row is divided by its own sum.")
+        rows = w.sum(dim=1)
+        if bool(torch.isfinite(rows).all()) and not torch.allclose(rows, torch.ones_like(rows)):
+            fail(f"the rows of your weights sum to {rows.numpy().round(3).tolist()}, not 1: "
+                 "each query's weights over the keys must sum to 1.")
+        expect_close(w, torch.as_tensor(want), "the weights of lookup_many", atol=1e-9, rtol=1e-7)
+        expect_close(blended, torch.as_tensor(want @ values), "the blended values of lookup_many",
+                     atol=1e-9, rtol=1e-7, hint="Each query blends the rows of values with its "
+                     "own weights.")
+    return "lookup_many: every query's weights sum to 1 over the keys; the bug is fixed."
+
+
+lookup_many = Check(
+    id="ch01.lookup_many",
+    cases=_many_cases,
+    run=lambda fn, case: call(fn, case["queries"], case["keys"], case["values"],
+                              case["temperature"], name="lookup_many"),
+    judge=_many_judge,
+    forbid=((lookup, "soft_lookup"),),
+    hints=(
+        "Run the given function and ask what should sum to 1, and what does: one query's "
+        "weights, or one key's weights across the queries?",
+        "With m queries the scores form an (m, n) matrix, one row per query. Look at the axis "
+        "the normalising sum runs over, and at the shape of that sum when it divides the "
+        "matrix.",
+        "Sum over the keys' axis and keep it for broadcasting: e / e.sum(axis=1, keepdims=True) "
+        "(and take the row maxima the same way).",
+        f"The worked answer is exercise 6 of {SOLUTION}.",
+    ),
+    grade_ids=("ch01_lookup_many_test",),
 )
