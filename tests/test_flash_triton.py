@@ -136,6 +136,23 @@ def test_kernel_wrapper_guards_what_the_kernels_assume(n_q, n_kv, causal, scale,
         kernel.backward(q, q, k, k, q, q[..., 0], causal, scale)
 
 
+def test_kernel_runs_a_forced_config_like_the_autotuned_one():
+    """forward/backward with an explicit config (how the GPU check tries every table entry)."""
+    kernel = flash.load_kernels()
+    q, k, v, do = (torch.randn(2, 40, 16, generator=torch.Generator().manual_seed(i))
+                   .to(DEVICE) for i in range(4))
+    out, lse2 = kernel.forward(q, k, v, True, 0.25)
+    out2, lse2b = kernel.forward(q, k, v, True, 0.25, config=(32, 16, 4, 2))
+    tol = dict(atol=1e-5, rtol=1e-5) if DEVICE == "cpu" else dict(atol=1e-3, rtol=1e-3)  # TF32
+    torch.testing.assert_close(out2, out, **tol)
+    torch.testing.assert_close(lse2b, lse2, **tol)
+    grads = kernel.backward(do, q, k, v, out, lse2, True, 0.25)
+    forced = kernel.backward(do, q, k, v, out, lse2, True, 0.25,
+                             configs=((16, 32, 4, 2), (32, 16, 4, 2)))
+    for got, want in zip(forced, grads):
+        torch.testing.assert_close(got, want, **tol)
+
+
 def test_config_tables_are_pruned_by_shared_memory(monkeypatch):
     """The autotuner's candidates: the table's entries that fit the device's shared memory."""
     kernel = flash.load_kernels()

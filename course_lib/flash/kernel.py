@@ -486,23 +486,37 @@ def _check(q3, k3, v3, causal: bool, sm_scale: float) -> None:
         raise ValueError(f"kernel: sm_scale must be positive, got {sm_scale!r}")
 
 
-def forward(q3, k3, v3, causal: bool, sm_scale: float):
-    """q3: (BH, n_q, d), k3, v3: (BH, n_kv, d), contiguous. Returns (out, lse2 (BH, n_q) fp32)."""
+def _launch(tuned, grid, args, kwargs, config):
+    """Launch through the autotuner, or with one (BLOCK_M, BLOCK_N, warps, stages) `config`
+    (the GPU check runs every table entry this way, not only the autotuner's pick)."""
+    if config is None:
+        tuned[grid](*args, **kwargs)
+    else:
+        block_m, block_n, warps, stages = config
+        tuned.fn[grid](*args, **kwargs, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+                       num_stages=stages)
+
+
+def forward(q3, k3, v3, causal: bool, sm_scale: float, config=None):
+    """q3: (BH, n_q, d), k3, v3: (BH, n_kv, d), contiguous. Returns (out, lse2 (BH, n_q) fp32).
+    config: None to autotune, or one (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
     _check(q3, k3, v3, causal, sm_scale)
     bh, n_q, d = q3.shape
     n_kv = k3.shape[1]
     out = torch.empty_like(q3)
     lse2 = torch.empty(bh, n_q, device=q3.device, dtype=torch.float32)
     grid = lambda meta: (bh, triton.cdiv(n_q, meta["BLOCK_M"]))  # noqa: E731
-    _fwd[grid](q3, k3, v3, out, lse2, sm_scale,
-               q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-               out.stride(0), out.stride(1), n_q, n_kv, _pow2(n_q), _pow2(n_kv),
-               HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype))
+    _launch(_fwd, grid, (q3, k3, v3, out, lse2, sm_scale,
+                         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+                         v3.stride(0), v3.stride(1), out.stride(0), out.stride(1),
+                         n_q, n_kv, _pow2(n_q), _pow2(n_kv)),
+            dict(HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype)), config)
     return out, lse2
 
 
-def backward(do3, q3, k3, v3, out, lse2, causal: bool, sm_scale: float):
-    """The three backward launches; returns (dq, dk, dv) shaped like q3, k3, v3."""
+def backward(do3, q3, k3, v3, out, lse2, causal: bool, sm_scale: float, configs=(None, None)):
+    """The three backward launches; returns (dq, dk, dv) shaped like q3, k3, v3.
+    configs: (dK/dV config, dQ config), each None to autotune (see `forward`)."""
     _check(q3, k3, v3, causal, sm_scale)
     bh, n_q, d = q3.shape
     n_kv = k3.shape[1]
@@ -515,12 +529,11 @@ def backward(do3, q3, k3, v3, out, lse2, causal: bool, sm_scale: float):
     common = (sm_scale, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
               v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), n_q, n_kv,
               _pow2(n_q), _pow2(n_kv))
-    _bwd_dkdv[lambda meta: (bh, triton.cdiv(n_kv, meta["BLOCK_N"]))](
-        q3, k3, v3, do3, dk, dv, lse2, delta, *common,
-        HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype))
-    _bwd_dq[lambda meta: (bh, triton.cdiv(n_q, meta["BLOCK_M"]))](
-        q3, k3, v3, do3, dq, lse2, delta, *common,
-        HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype))
+    meta = dict(HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype))
+    _launch(_bwd_dkdv, lambda m: (bh, triton.cdiv(n_kv, m["BLOCK_N"])),
+            (q3, k3, v3, do3, dk, dv, lse2, delta, *common), meta, configs[0])
+    _launch(_bwd_dq, lambda m: (bh, triton.cdiv(n_q, m["BLOCK_M"])),
+            (q3, k3, v3, do3, dq, lse2, delta, *common), meta, configs[1])
     return dq, dk, dv
 
 
