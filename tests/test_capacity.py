@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 
 from course_lib.models import capacity
-from course_lib.models.capacity_results import RESULTS
+from course_lib.models.capacity_results import LONGER, RESULTS
 
 
 def test_one_cell_is_seeded_and_scored():
@@ -24,6 +24,14 @@ def test_the_recorded_sweep_covers_the_grid_it_claims():
         assert by_n == sorted(by_n, reverse=True)
 
 
+def test_the_longer_runs_help_but_keep_the_order():
+    assert [(r["n"], r["d_hidden"]) for r in LONGER] == list(capacity.LONGER_CELLS)
+    assert all(r["steps"] == capacity.LONGER_STEPS for r in LONGER)
+    short = {(r["n"], r["d_hidden"]): r["accuracy"] for r in RESULTS}
+    assert all(r["accuracy"] > short[r["n"], r["d_hidden"]] for r in LONGER)
+    assert LONGER[0]["accuracy"] > LONGER[1]["accuracy"]  # n = 8 still above n = 16
+
+
 def test_the_command_writes_an_importable_record(tmp_path):
     out = tmp_path / "results.py"
     capacity.main(["--steps", "1", "--out", str(out)])
@@ -31,6 +39,7 @@ def test_the_command_writes_an_importable_record(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert len(module.RESULTS) == len(capacity.NS) * len(capacity.HIDDEN_SIZES)
+    assert [r["steps"] for r in module.LONGER] == [3] * len(capacity.LONGER_CELLS)
 
 
 def test_bad_input():

@@ -6,7 +6,8 @@ trains one GRU per (n, d_hidden) on it, long enough that the budget is not the l
 each on fresh sequences. Accuracy falls as n grows past what d_hidden numbers hold: the tokens
 crowd each other out.
 
-The full sweep takes minutes on a CPU, so its seeded result ships in
+Two of its cells are also trained three times longer (`LONGER`), to see what more training
+buys. The full sweep takes minutes on a CPU, so its seeded result ships in
 `course_lib/models/capacity_results.py`, written by
 
     python -m course_lib.models.capacity          # the recorded sweep (a few minutes)
@@ -31,6 +32,9 @@ NS = (4, 8, 16)
 HIDDEN_SIZES = (8, 16, 32, 64, 128)
 STEPS = 2000
 VOCAB = 8
+# ... and two of its cells trained three times longer (capacity_results.LONGER): is 2000 enough?
+LONGER_CELLS = ((8, 32), (16, 32))
+LONGER_STEPS = 3 * STEPS
 
 
 def train_recall(n: int, d_hidden: int, steps: int = STEPS, vocab: int = VOCAB, kind: str = "gru",
@@ -62,10 +66,14 @@ def main(argv=None) -> None:
                         default=Path(__file__).with_name("capacity_results.py"))
     args = parser.parse_args(argv)
     rows = recall_capacity_sweep(steps=args.steps)
+    longer_steps = 3 * args.steps
+    longer = [{"n": n, "d_hidden": d, "steps": longer_steps, "kind": "gru",
+               "accuracy": round(train_recall(n, d, longer_steps), 4)} for n, d in LONGER_CELLS]
     args.out.write_text(
         '"""Recorded by `python -m course_lib.models.capacity` (seeded; see capacity.py)."""\n\n'
-        f"RESULTS = {pprint.pformat(rows, width=100, sort_dicts=False)}\n")
-    for row in rows:
+        f"RESULTS = {pprint.pformat(rows, width=100, sort_dicts=False)}\n\n"
+        f"LONGER = {pprint.pformat(longer, width=100, sort_dicts=False)}\n")
+    for row in rows + longer:
         print(row)
 
 
