@@ -15,3 +15,6 @@ RESULTS = [{'n': 4, 'd_hidden': 8, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.4
  {'n': 16, 'd_hidden': 32, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.3785},
  {'n': 16, 'd_hidden': 64, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.392},
  {'n': 16, 'd_hidden': 128, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.422}]
+
+LONGER = [{'n': 8, 'd_hidden': 32, 'steps': 6000, 'kind': 'gru', 'accuracy': 0.8335},
+ {'n': 16, 'd_hidden': 32, 'steps': 6000, 'kind': 'gru', 'accuracy': 0.566}]
