@@ -97,3 +97,22 @@ def test_bad_input_and_bad_torch_layers_are_refused():
                                       norm_first=True)
     with pytest.raises(ValueError, match=r"dim_feedforward\)=\(8, 2, 32\)"):
         block.load_torch_weights(wide)
+
+
+def test_grouped_key_value_heads_equal_sdpa_with_enable_gqa():
+    torch.manual_seed(6)
+    block = TransformerBlock(32, 8, 64, num_kv_heads=2).eval()
+    assert block.attn.k_proj.out_features == 2 * 4  # g heads of d_head = 4
+    x = torch.randn(2, 9, 32)
+    h = block.ln1(x)
+    q = block.attn.q_proj(h).view(2, 9, 8, 4).transpose(1, 2)
+    k = block.attn.k_proj(h).view(2, 9, 2, 4).transpose(1, 2)
+    v = block.attn.v_proj(h).view(2, 9, 2, 4).transpose(1, 2)
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                             enable_gqa=True)
+    mid = x + block.attn.out_proj(heads.transpose(1, 2).reshape(2, 9, 32))
+    want = mid + block.mlp(block.ln2(mid))
+    with torch.no_grad():
+        torch.testing.assert_close(block(x, causal_mask(9)), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        TransformerBlock(32, 8, 64, num_kv_heads=3)

@@ -154,9 +154,9 @@ def test_cached_keys_are_the_full_pass_keys_rotated_by_rope():
         model(torch.tensor([[1], [2]]), cache=cache)
         full = torch.cat([idx, torch.tensor([[1], [2]])], dim=1)  # (2, 6)
         x = model.blocks[0].ln1(model.embed(full))
-        q, k, v = model.blocks[0].attn.qkv(x).split(model.d_model, dim=-1)
-        k = apply_rope(k.view(2, 6, 4, 8).transpose(1, 2))  # (B, heads, 6, d_head)
-        v = v.view(2, 6, 4, 8).transpose(1, 2)
+        attn = model.blocks[0].attn
+        k = apply_rope(attn.k_proj(x).view(2, 6, 4, 8).transpose(1, 2))  # (B, heads, 6, d_head)
+        v = attn.v_proj(x).view(2, 6, 4, 8).transpose(1, 2)
     assert cache.length == 6
     assert_close(cache.k[0, :, :, :6], k)
     assert_close(cache.v[0, :, :, :6], v)
@@ -291,19 +291,19 @@ def test_cache_memory_rows():
 
 @pytest.mark.parametrize("seed,heads", [(0, 1), (1, 4), (2, 8)])
 def test_attention_layer_matches_torch_sdpa(seed, heads):
-    """The layer = one qkv map, heads split, RoPE on q and k, causal torch SDPA, output map."""
+    """The layer = q, k, v maps, heads split, RoPE on q and k, causal torch SDPA, output map."""
     torch.manual_seed(seed)
     model = TinyTransformer(vocab_size=11, d_model=32, num_heads=heads, num_layers=1, max_len=16)
-    attn = model.blocks[0].attn
+    block, attn = model.blocks[0], model.blocks[0].attn
     x = torch.randn(2, 7, 32)
     B, n, dh = 2, 7, 32 // heads
-    q, k, v = (x @ w.T + b for w, b in zip(attn.qkv.weight.split(32), attn.qkv.bias.split(32)))
+    q, k, v = (proj(x) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     q, k, v = (t.view(B, n, heads, dh).transpose(1, 2) for t in (q, k, v))
     want = torch.nn.functional.scaled_dot_product_attention(apply_rope(q), apply_rope(k), v,
                                                             is_causal=True)
-    want = attn.proj(want.transpose(1, 2).reshape(B, n, 32))
+    want = attn.out_proj(want.transpose(1, 2).reshape(B, n, 32))
     positions = torch.arange(n).expand(B, n)
     mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
     with torch.no_grad():
-        got = attn(x, positions, mask)
+        got, _ = block.attend(x, mask, positions)
     assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)

@@ -15,20 +15,13 @@ KV cache), is what `course_lib.models.TinyTransformer` stacks.
 
 from __future__ import annotations
 
-from numbers import Integral
-
 import torch
 from torch import nn
 
-from course_lib.attention import scaled_dot_product_attention
+from course_lib.attention import grouped_query_attention
 from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
 from course_lib.position import apply_rope
-
-
-def _check_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name} should be an integer >= {minimum}, got {value!r}")
-    return int(value)
+from course_lib.validate import check_count, wrong_shape
 
 
 class TransformerBlock(nn.Module):
@@ -37,20 +30,18 @@ class TransformerBlock(nn.Module):
     TransformerBlock(d_model, num_heads, d_mlp, num_kv_heads=None)
       forward(x, mask=None) -> (batch, n, d_model); x (batch, n, d_model); mask bool, True = may
       attend, any shape `MultiHeadAttention` accepts ((n, n) for a causal mask).
+      num_kv_heads=g (chapter 09): the heads share g key/value heads (grouped-query attention).
     After each forward, `self.weights` holds the attention weights (batch, heads, n_q, n_k),
     detached, so a notebook can draw what the block looked at.
     """
 
     def __init__(self, d_model: int, num_heads: int, d_mlp: int, num_kv_heads: int | None = None):
         super().__init__()
-        d_model, num_heads = _check_int(d_model, "d_model"), _check_int(num_heads, "num_heads")
-        d_mlp = _check_int(d_mlp, "d_mlp")
-        if num_kv_heads is not None and num_kv_heads != num_heads:
-            raise ValueError(f"num_kv_heads={num_kv_heads!r}: grouped K/V heads need chapter 09's "
-                             "MultiHeadAttention(num_kv_heads=...)")
-        self.d_model, self.num_heads, self.d_mlp = d_model, num_heads, d_mlp
+        d_mlp = check_count(d_mlp, "d_mlp")
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, num_heads)
+        self.attn = MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads)
+        self.d_model, self.num_heads, self.d_mlp = self.attn.d_model, self.attn.num_heads, d_mlp
+        self.num_kv_heads = self.attn.num_kv_heads
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_mlp), nn.GELU(), nn.Linear(d_mlp, d_model))
         self.weights: torch.Tensor | None = None
@@ -58,8 +49,7 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *,
                 positions: torch.Tensor | None = None, cache=None, layer: int = 0) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x has shape {tuple(getattr(x, 'shape', ()))}, "
-                             f"wanted (batch, n, d_model={self.d_model})")
+            raise wrong_shape("x", x, f"(batch, n, d_model={self.d_model})")
         attended, weights = self.attend(self.ln1(x), mask, positions, cache, layer)
         self.weights = weights.detach()
         x = x + attended                   # (B, n, d): the stream keeps x, adds what was gathered
@@ -76,15 +66,15 @@ class TransformerBlock(nn.Module):
         if positions is None and cache is None:
             return self.attn(h, mask=mask)
         attn = self.attn
-        q = split_heads(attn.q_proj(h), attn.num_heads)  # (B, heads, t, d_head)
-        k = split_heads(attn.k_proj(h), attn.num_heads)  # (B, heads, t, d_head)
-        v = split_heads(attn.v_proj(h), attn.num_heads)  # (B, heads, t, d_head)
+        q = split_heads(attn.q_proj(h), attn.num_heads)     # (B, heads, t, d_head)
+        k = split_heads(attn.k_proj(h), attn.num_kv_heads)  # (B, kv_heads, t, d_head)
+        v = split_heads(attn.v_proj(h), attn.num_kv_heads)  # (B, kv_heads, t, d_head)
         if positions is not None:
             q = apply_rope(q, positions[:, None, :])  # each sequence's own positions, every head
             k = apply_rope(k, positions[:, None, :])  # keys are cached already rotated
         if cache is not None:
-            k, v = cache.append(layer, k, v)  # (B, heads, S, d_head): the past and the new tokens
-        out, weights = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, heads, t, d_head)
+            k, v = cache.append(layer, k, v)  # (B, kv_heads, S, d_head): past and new tokens
+        out, weights = grouped_query_attention(q, k, v, mask=mask)  # (B, heads, t, d_head)
         return attn.out_proj(merge_heads(out)), weights  # (B, t, d), (B, heads, t, S)
 
     @torch.no_grad()

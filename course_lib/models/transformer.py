@@ -1,9 +1,10 @@
-"""Chapter 07: a tiny decoder-only transformer that generates text with and without a KV cache.
+"""Chapters 07 and 10: a tiny decoder-only transformer, with and without a KV cache.
 
 The model is nanoGPT-shaped and small enough to read in one sitting: token embedding, then
-`num_layers` blocks of (LayerNorm -> causal self-attention -> residual, LayerNorm -> MLP ->
-residual), a final LayerNorm and a linear map to logits. Order comes from rotary embeddings
-(`course_lib.position.apply_rope`) applied to queries and keys, so there is no position table.
+`num_layers` of chapter 10's `TransformerBlock` (LayerNorm -> causal multi-head attention ->
+residual, LayerNorm -> MLP -> residual), a final LayerNorm and a linear map to logits. Order
+comes from rotary embeddings (`course_lib.position.apply_rope`) that each block applies to its
+queries and keys, so there is no position table.
 
 Generating token t+1 needs the query of token t only, but the keys and values of tokens 0..t.
 Without a cache every step recomputes all of them; with a `KVCache` each layer computes K and V
@@ -25,10 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from course_lib.attention import grouped_query_attention
 from course_lib.masks import causal_mask
-from course_lib.multihead import merge_heads, split_heads
-from course_lib.position import apply_rope
+from course_lib.models.block import TransformerBlock
 from course_lib.validate import check_count, check_kv_heads
 
 
@@ -86,54 +85,6 @@ class KVCache:
         return kv_cache_bytes(n_layers, heads, self.length, d_head, self.k.element_size(), batch)
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with RoPE, one qkv projection, and an optional KV cache.
-
-    num_kv_heads=g (chapter 09): g key/value heads shared by groups of num_heads/g query heads,
-    so the qkv projection is d_model -> d_model + 2·g·d_head and the cache stores g heads.
-    """
-
-    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None):
-        super().__init__()
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
-        self.num_kv_heads = check_kv_heads(num_heads, num_kv_heads)
-        d_kv = self.num_kv_heads * self.d_head  # = d_model unless K/V heads are shared
-        self.qkv = nn.Linear(d_model, d_model + 2 * d_kv)  # W_Q, W_K, W_V side by side
-        self.proj = nn.Linear(d_model, d_model)  # W_O
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        """x: (B, t, d_model), positions: (B, t), mask: (B, 1, t, S) with S keys
-        -> (B, t, d_model)."""
-        d_model, d_kv = x.shape[-1], self.num_kv_heads * self.d_head
-        q, k, v = self.qkv(x).split((d_model, d_kv, d_kv), dim=-1)  # (B, t, d_model), (B, t, d_kv)
-        q = split_heads(q, self.num_heads)  # (B, heads, t, d_head): chapter 05's split
-        k = split_heads(k, self.num_kv_heads)  # (B, kv_heads, t, d_head)
-        v = split_heads(v, self.num_kv_heads)  # (B, kv_heads, t, d_head)
-        q = apply_rope(q, positions[:, None, :])  # each sequence's own positions, every head
-        k = apply_rope(k, positions[:, None, :])  # keys are cached already rotated
-        if cache is not None:
-            k, v = cache.append(layer, k, v)  # (B, kv_heads, S, d_head): past and new tokens
-        out, _ = grouped_query_attention(q, k, v, mask=mask)  # (B, heads, t, d_head)
-        return self.proj(merge_heads(out))  # (B, t, d_model): heads side by side again
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
-
-    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, num_heads, num_kv_heads)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
-                                 nn.Linear(4 * d_model, d_model))
-
-    def forward(self, x, positions, mask, cache=None, layer=0):
-        x = x + self.attn(self.ln1(x), positions, mask, cache, layer)
-        return x + self.mlp(self.ln2(x))
-
-
 class TinyTransformer(nn.Module):
     """A small decoder-only language model with rotary positions and a KV cache.
 
@@ -141,11 +92,13 @@ class TinyTransformer(nn.Module):
     num_heads heads of even width (RoPE rotates pairs). max_len is the longest sequence, prompt
     plus generated tokens (and padding), the model accepts. num_kv_heads=g (chapter 09):
     grouped-query attention in every layer, g key/value heads, a KV cache h/g times smaller;
-    cached generation stays identical to recomputation.
+    cached generation stays identical to recomputation. d_mlp: the MLP's hidden width
+    (default 4 * d_model). `blocks[i]` is a `TransformerBlock`; after a forward pass,
+    `blocks[i].weights` holds its attention weights (B, heads, T, S).
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int,
-                 max_len: int, num_kv_heads: int | None = None):
+                 max_len: int, num_kv_heads: int | None = None, *, d_mlp: int | None = None):
         super().__init__()
         vocab_size = check_count(vocab_size, "vocab_size")
         d_model = check_count(d_model, "d_model", minimum=2)
@@ -162,8 +115,10 @@ class TinyTransformer(nn.Module):
         self.num_kv_heads = check_kv_heads(num_heads, num_kv_heads)
         self.vocab_size, self.d_model, self.num_heads = vocab_size, d_model, num_heads
         self.num_layers, self.max_len, self.d_head = num_layers, max_len, d_model // num_heads
+        self.d_mlp = 4 * d_model if d_mlp is None else check_count(d_mlp, "d_mlp")
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, num_heads, self.num_kv_heads)
+        self.blocks = nn.ModuleList(TransformerBlock(d_model, num_heads, self.d_mlp,
+                                                     self.num_kv_heads)
                                     for _ in range(num_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
@@ -253,7 +208,7 @@ class TinyTransformer(nn.Module):
 
         x = self.embed(idx)  # (B, T, d_model)
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, mask, cache, layer)
+            x = block(x, mask, positions=positions, cache=cache, layer=layer)
         if cache is not None:
             cache.advance(T)
         return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
