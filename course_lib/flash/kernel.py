@@ -45,6 +45,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
 
     STAGE 1: causal, key blocks left of the diagonal (no mask); STAGE 2: causal, the diagonal
     block (masked); STAGE 3: non-causal, every key block.
+    Ragged lengths (not EVEN): the blocks left of the diagonal are whole (they end before this
+    query block starts, and n_q == n_kv), so only the diagonal and non-causal stages mask loads;
+    on the diagonal the causal mask already hides every key past N_KV from every real query row.
     """
     if STAGE == 1:
         lo, hi = 0, start_m * BLOCK_M
@@ -57,7 +60,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
         cols = start_n + offs_n                                              # key positions
         k_ptrs = K_base + cols[:, None] * stride_kn + offs_d[None, :]
         v_ptrs = V_base + cols[:, None] * stride_vn + offs_d[None, :]
-        if EVEN:
+        if EVEN or STAGE == 1:
             k = tl.load(k_ptrs)                                              # (BLOCK_N, D)
             v = tl.load(v_ptrs)
         else:  # ragged tail: keys past N_KV read as 0 and are masked below
@@ -69,7 +72,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
         qk = tl.dot(q, tl.trans(k))                          # raw scores s, (BLOCK_M, BLOCK_N)
         if STAGE == 2:
             qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
-        if not EVEN:
+        if STAGE == 3 and not EVEN:
             qk = tl.where(cols[None, :] < N_KV, qk, float("-inf"))
         # The online-softmax update, in base 2 with t = qk_scale·s. Before this block the row holds
         #     l_i = sum_j 2^(t_j - m_i)   and   acc = sum_j 2^(t_j - m_i) v_j
@@ -165,8 +168,13 @@ def _attn_bwd_preprocess(O, DO, Delta, stride_ob, stride_on, stride_dob, stride_
 def _attn_bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base,
                          stride_qn, stride_don, qk_scale, N_Q, N_KV, offs_n, offs_d, lo, hi,
                          BLOCK_M: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr,
-                         UPCAST: tl.constexpr):
-    """One block of keys against the query blocks [lo, hi); works with transposed tiles."""
+                         BOUNDS: tl.constexpr, UPCAST: tl.constexpr):
+    """One block of keys against the query blocks [lo, hi); works with transposed tiles.
+
+    Query rows past N_Q load as zeros (q, dO, LSE2, Delta), which makes their P·dO and dS terms
+    zero; BOUNDS also masks Pᵀ past N_Q and N_KV (non-causal). Causal launches skip that mask:
+    a real query never sees a key past N_KV = N_Q, and fewer selects keep registers free.
+    """
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q_ptrs = Q_base + offs_m[:, None] * stride_qn + offs_d[None, :]
@@ -188,7 +196,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base,
         pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])                    # recomputed Pᵀ
         if MASK:  # the diagonal: query m may only see key n <= m
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
-        if not EVEN:
+        if BOUNDS and not EVEN:
             pT = tl.where((offs_m[None, :] < N_Q) & (offs_n[:, None] < N_KV), pT, 0.0)
         dv += tl.dot(pT.to(do.dtype), do)                                    # dV += Pᵀ dO
         dpT = tl.dot(v, tl.trans(do))                                        # (dO Vᵀ)ᵀ
@@ -232,15 +240,16 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, Delta, sm_scale,
         # the diagonal: query blocks overlapping this key block, masked
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base,
                                       stride_qn, stride_don, qk_scale, N_Q, N_KV, offs_n, offs_d,
-                                      start_n, start_n + BLOCK_N, BLOCK_M, True, EVEN, UPCAST)
+                                      start_n, start_n + BLOCK_N, BLOCK_M, True, EVEN, False,
+                                      UPCAST)
         # below the diagonal: every later query sees all of these keys
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base,
                                       stride_qn, stride_don, qk_scale, N_Q, N_KV, offs_n, offs_d,
-                                      start_n + BLOCK_N, N_Q, BLOCK_M, False, EVEN, UPCAST)
+                                      start_n + BLOCK_N, N_Q, BLOCK_M, False, EVEN, False, UPCAST)
     else:
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base,
                                       stride_qn, stride_don, qk_scale, N_Q, N_KV, offs_n, offs_d,
-                                      0, N_Q, BLOCK_M, False, EVEN, UPCAST)
+                                      0, N_Q, BLOCK_M, False, EVEN, True, UPCAST)
     dk = dk * sm_scale
     # DK and DV are contiguous (BH, N_KV, D) buffers made by the wrapper: K's strides fit them
     dk_ptrs = DK + off_bh * stride_kb + offs_n[:, None] * stride_kn + offs_d[None, :]
@@ -257,8 +266,13 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, Delta, sm_scale,
 def _attn_bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride_vn,
                        qk_scale, N_Q, N_KV, offs_m, offs_d, lo, hi,
                        BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr,
-                       UPCAST: tl.constexpr):
-    """One block of queries against the key blocks [lo, hi)."""
+                       BOUNDS: tl.constexpr, UPCAST: tl.constexpr):
+    """One block of queries against the key blocks [lo, hi).
+
+    EVEN: every block whole (plain loads). BOUNDS: mask P past N_Q and N_KV (non-causal); causal
+    launches need no such mask (see `_attn_bwd_dkdv_inner`): the key blocks left of the diagonal
+    are whole, and on it the causal mask hides keys past N_KV from every real query row.
+    """
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_ptrs = K_base + offs_n[:, None] * stride_kn + offs_d[None, :]
@@ -276,7 +290,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])                      # recomputed P
         if MASK:
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
-        if not EVEN:
+        if BOUNDS and not EVEN:
             p = tl.where((offs_m[:, None] < N_Q) & (offs_n[None, :] < N_KV), p, 0.0)
         dp = tl.dot(do, tl.trans(v))                                         # dP = dO Vᵀ
         ds = p * (dp - delta[:, None])                                       # dS
@@ -322,14 +336,14 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE2, Delta, sm_scale,
         # the diagonal key blocks, masked; then every key block left of them, unmasked
         dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride_vn,
                                 qk_scale, N_Q, N_KV, offs_m, offs_d, start_m, start_m + BLOCK_M,
-                                BLOCK_N, True, EVEN, UPCAST)
+                                BLOCK_N, True, EVEN, False, UPCAST)
         dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride_vn,
                                 qk_scale, N_Q, N_KV, offs_m, offs_d, 0, start_m,
-                                BLOCK_N, False, EVEN, UPCAST)
+                                BLOCK_N, False, True, False, UPCAST)  # whole blocks
     else:
         dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride_vn,
                                 qk_scale, N_Q, N_KV, offs_m, offs_d, 0, N_KV,
-                                BLOCK_N, False, EVEN, UPCAST)
+                                BLOCK_N, False, EVEN, True, UPCAST)
     dq = dq * sm_scale
     dq_ptrs = DQ + off_bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :]
     if EVEN:
