@@ -26,15 +26,17 @@ def test_dry_run_walks_every_step_and_writes_the_summary(tmp_path):
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     steps = {r["step"] for r in rows}
-    assert {"machine", "sdpa_choice", "matmul", "correctness", "time", "pytest"} <= steps
+    assert {"machine", "sdpa_choice", "matmul", "correctness", "config_check", "time",
+            "pytest"} <= steps
+    assert {r["kernel"] for r in rows if r["step"] == "config_check"} == {"fwd", "dkdv", "dq"}
     timed = {(r["provider"], r["mode"]) for r in rows if r["step"] == "time"}
     assert {("flash", "fwd"), ("flash", "bwd"), ("sdpa", "fwd"), ("sdpa", "bwd")} <= timed
     # no cuDNN on a CPU: the pinned run fails, is recorded, and the check goes on
     assert any(r["step"] == "error" and "CUDNN" in r["what"] for r in rows)
     assert [r["returncode"] for r in rows if r["step"] == "pytest"] == [0]
     summary = (tmp_path / "summary.md").read_text()
-    for heading in ("machine:", "## bf16 correctness", "## TFLOP/s", "## errors",
-                    "kernel tests ("):
+    for heading in ("machine:", "## bf16 correctness", "Every table entry forced", "## TFLOP/s",
+                    "## errors", "kernel tests ("):
         assert heading in summary, heading
 
 

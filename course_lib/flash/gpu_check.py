@@ -7,7 +7,8 @@ In order, most useful first, each result appended to DIR/results.jsonl the momen
 the machine (device, driver, torch / CUDA / cuDNN / Triton versions) and which backend SDPA picks
 for each shape; the bf16 matmul rate; bf16 correctness of `flash_attention` with autotuning on
 (its max error against an fp32 reference must be at most twice that of SDPA in bf16, for the
-output and the three gradients); then forward and backward times, largest n first, for the
+output and the three gradients); the same check for every config table entry forced in turn, at
+one even and one ragged length; then forward and backward times, largest n first, for the
 kernel, SDPA's default choice, and SDPA pinned to FlashAttention-2 and to cuDNN. The first call
 of the kernel at each shape (compiling and autotuning) is timed apart from the steady ones. No new
 step starts after `--budget` seconds; DIR/summary.md is written whatever happens (also on
@@ -48,7 +49,8 @@ class Plan:
     batch: int
     heads: int
     dims: tuple
-    correct_ns: tuple            # correctness sizes
+    correct_ns: tuple            # correctness sizes (autotuned)
+    config_ns: tuple             # sizes at which every table entry is checked (even, ragged)
     time_ns: tuple               # timing sizes, largest first
     matmul_n: int
     ref_heads: int               # heads per chunk of the fp32 reference (bounds its memory)
@@ -58,12 +60,14 @@ class Plan:
     @classmethod
     def gpu(cls):
         return cls("cuda", batch=2, heads=16, dims=(128, 64), correct_ns=(8192, 4096, 2048),
+                   config_ns=(1024, 1000),
                    time_ns=(16384, 8192, 4096, 2048), matmul_n=8192, ref_heads=4,
                    pytest_args=["tests/test_flash_triton.py", "tests/test_flash_tiled.py"])
 
     @classmethod
     def dry(cls):  # the interpreter on a CPU: tiny, but every step and every provider
-        return cls("cpu", batch=1, heads=2, dims=(16,), correct_ns=(64,), time_ns=(64,),
+        return cls("cpu", batch=1, heads=2, dims=(16,), correct_ns=(64,), config_ns=(40,),
+                   time_ns=(64,),
                    matmul_n=256, ref_heads=1, batch_seconds=0.0,
                    pytest_args=["tests/test_flash_triton.py::test_clear_error_without_triton"])
 
@@ -237,6 +241,41 @@ def correctness(rec: Recorder, plan: Plan, d: int, causal: bool, n: int) -> None
             passed=all(verdict.values()), flash_first_call_s=errors["flash"]["seconds"])
 
 
+def every_config(rec: Recorder, plan: Plan, d: int, causal: bool, n: int) -> None:
+    """Each table entry of each kernel forced in turn (the autotuner times them all but checks
+    none): its bf16 error against the fp32 reference must also stay within 2x SDPA's."""
+    from course_lib.flash import load_kernels
+
+    kernel = load_kernels()
+    q, k, v, do = _inputs(plan, n, d, seed=n + 2 * d + causal)
+    ref_out, (ref_dq, ref_dk, ref_dv) = _reference(q, k, v, do, causal, plan.ref_heads)
+    fn, ctx = _provider("sdpa")
+    out, grads = _forward_backward(fn, ctx, q, k, v, do, causal)
+    base = {key: (got.float() - want).abs().max().item() for key, got, want in
+            zip(("out", "dq", "dk", "dv"), (out, *grads), (ref_out, ref_dq, ref_dk, ref_dv))}
+    q3, k3, v3, do3 = (t.reshape(-1, n, d).contiguous() for t in (q, k, v, do))
+    scale = d ** -0.5
+
+    def err(got, want):
+        return (got.reshape(want.shape).float() - want).abs().max().item()
+
+    out3, lse2 = kernel.forward(q3, k3, v3, causal, scale)
+    checks = []
+    for config in kernel.configs_for("fwd", d, 2):
+        got, _ = kernel.forward(q3, k3, v3, causal, scale, config=config)
+        checks.append(("fwd", config, {"out": err(got, ref_out)}))
+    for config in kernel.configs_for("dkdv", d, 2):
+        _, dk, dv = kernel.backward(do3, q3, k3, v3, out3, lse2, causal, scale, (config, None))
+        checks.append(("dkdv", config, {"dk": err(dk, ref_dk), "dv": err(dv, ref_dv)}))
+    for config in kernel.configs_for("dq", d, 2):
+        dq, _, _ = kernel.backward(do3, q3, k3, v3, out3, lse2, causal, scale, (None, config))
+        checks.append(("dq", config, {"dq": err(dq, ref_dq)}))
+    for name, config, errors in checks:
+        passed = all(e <= 2 * base[key] + 1e-5 for key, e in errors.items())
+        rec.add("config_check", kernel=name, config=list(config), d=d, causal=causal, n=n,
+                flash_err=errors, sdpa_err={key: base[key] for key in errors}, passed=passed)
+
+
 def timing(rec: Recorder, plan: Plan, d: int, causal: bool, n: int, provider: str) -> None:
     q, k, v, do = _inputs(plan, n, d, seed=0)
     fn, ctx = _provider(provider)
@@ -307,6 +346,13 @@ def summary(rows: list[dict], plan: Plan, notes: list[str]) -> str:
             lines.append(f"| {r['d']} | {r['causal']} | {r['n']} | " + " | ".join(cells)
                          + f" | {'yes' if r['passed'] else 'NO'} | {r['flash_first_call_s']:.1f} |")
         lines.append("")
+    configs = [r for r in rows if r["step"] == "config_check"]
+    if configs:
+        bad = [f"{r['kernel']} {tuple(r['config'])} d={r['d']} causal={r['causal']} n={r['n']}: "
+               f"{r['flash_err']} vs SDPA {r['sdpa_err']}" for r in configs if not r["passed"]]
+        lines += [f"Every table entry forced (bf16): {len(configs) - len(bad)} of {len(configs)} "
+                  "within 2x SDPA's error" + (":" if bad else "."), ""]
+        lines += [f"- {b}" for b in bad] + ([""] if bad else [])
     times = [r for r in rows if r["step"] == "time"]
     if times:
         lines += ["## TFLOP/s (bf16, batch x heads = "
@@ -398,6 +444,10 @@ def main(argv=None) -> int:
             for causal in (False, True):
                 for n in plan.correct_ns:
                     step(f"correctness d={d} causal={causal} n={n}", correctness, d, causal, n)
+        for d in plan.dims:
+            for causal in (False, True):
+                for n in plan.config_ns:
+                    step(f"every config d={d} causal={causal} n={n}", every_config, d, causal, n)
         for n in plan.time_ns:
             for d in plan.dims:
                 for causal in (False, True):
@@ -417,7 +467,8 @@ def main(argv=None) -> int:
     (out / "summary.md").write_text(summary(rec.rows, plan, notes))
     rec.file.close()
     print(f"gpu_check: wrote {out / 'summary.md'}", flush=True)
-    failed = [r for r in rec.rows if r["step"] == "correctness" and not r["passed"]]
+    failed = [r for r in rec.rows
+              if r["step"] in ("correctness", "config_check") and not r["passed"]]
     if args.dry_run:  # the flow is what a dry run checks; a CPU's numbers decide nothing
         return 0 if result["returncode"] == 0 else 1
     return 0 if result["returncode"] == 0 and not failed else 1
