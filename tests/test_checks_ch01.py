@@ -153,7 +153,7 @@ def test_the_right_prediction_passes_for_any_seed(seed, capsys):
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (None, "is None: write your prediction"),
+    (None, "is None: write your numbers"),
     (42, "should be a dict"),
     ({"cold": 10.0}, "no entry for 'hot'"),
     ({"cold": 10.0, "hot": float("nan")}, "one finite number"),

@@ -27,8 +27,23 @@ def attention_ok(x, w_q, w_k, w_v):
     return w @ v, w
 
 
+def batched_ok(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+    return w @ v, w
+
+
+def batched_buggy(x, w_q, w_k, w_v):  # the notebook's planted bug
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    b, n, d_k = k.shape
+    w = torch.softmax(q @ k.reshape(b, d_k, n) / math.sqrt(d_k), dim=-1)
+    return w @ v, w
+
+
 # Right answers (the reference, then other forms a learner may write); each must pass.
 CORRECT = [
+    (check.batched_attention, batched_ok),
+    (check.batched_attention, lambda x, w_q, w_k, w_v: attention_ok(x, w_q, w_k, w_v)),
     (check.attention_scores, scores_ok),
     (check.softmax_rows, softmax_ok),
     (check.self_attention, attention_ok),
@@ -48,6 +63,8 @@ GENERIC_WRONG = [
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
+    (check.batched_attention, lambda x, w_q, w_k, w_v:
+     attention.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)),
     (check.softmax_rows, lambda s: attention.softmax(s)),
     (check.self_attention,
      lambda x, w_q, w_k, w_v: attention.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)),
@@ -96,3 +113,65 @@ def test_wrong_softmax(wrong, words):
 def test_wrong_self_attention(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.self_attention(wrong)
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (batched_buggy, "still reshaping K"),
+    (lambda x, w_q, w_k, w_v: (lambda q, k, v: (
+        torch.softmax(q @ k.transpose(-2, -1), -1) @ v, torch.softmax(q @ k.transpose(-2, -1), -1)
+    ))(x @ w_q, x @ w_k, x @ w_v), "lost the 1/sqrt"),
+    (lambda x, w_q, w_k, w_v: batched_ok(x, w_q, w_k, w_v)[0], "should return a pair"),
+    (lambda x, w_q, w_k, w_v: (batched_ok(x, w_q, w_k, w_v)[0],
+                               batched_ok(x, w_q, w_k, w_v)[1][0]), "shape"),
+])
+def test_wrong_batched_attention(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.batched_attention(wrong)
+
+
+def test_the_planted_reshape_is_named_on_hidden_cases():
+    from course_lib.checks._protocol import decode, encode, run_cases
+    cases = check.batched_attention.cases(11, True)
+    outcomes = run_cases(check.batched_attention, (batched_buggy,), decode(encode(cases)))
+    with pytest.raises(CheckFailure, match="still reshaping K"):
+        check.batched_attention.judge(cases, outcomes)
+
+
+def test_shuffle_prediction(capsys):
+    check.shuffle_prediction(" Shuffled ")
+    assert capsys.readouterr().out.startswith("✔")
+    for wrong, words in [(None, "is None"), (3, "should be one of"), ("rot", "should be one of"),
+                         ("same", "the run says 'shuffled'"), ("different", "SET of all tokens")]:
+        with pytest.raises(CheckFailure, match=words):
+            check.shuffle_prediction(wrong)
+    run = check.shuffle_experiment()
+    assert run["shuffled"] < 1e-12 < 0.1 < run["same"]
+
+
+def _dilution_run(seed, trials=500, scale=True):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for n in (4, 64, 1024):
+        q, k = torch.randn(trials, 1, 16, generator=g), torch.randn(trials, n, 16, generator=g)
+        s = q @ k.transpose(-2, -1) / (4 if scale else 1)
+        out[n] = torch.softmax(s, -1).amax(-1).mean().item()
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_any_honest_dilution_run_passes(seed, capsys):
+    check.dilution_experiment(_dilution_run(seed))
+    assert "dilutes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (None, "is None"),
+    ({4: 0.5, 64: 0.1}, "no entry for 1024"),
+    (_dilution_run(0, scale=False), "sqrt"),
+    ({4: 0.25, 64: 1 / 64, 1024: 1 / 1024}, "LARGEST weight"),
+    ({4: 0.5, 64: 0.1, 1024: float("nan")}, "finite"),
+    ({4: 2.0, 64: 0.1, 1024: 0.02}, "cannot be a softmax weight"),
+])
+def test_wrong_dilution_measurements(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.dilution_experiment(wrong)

@@ -9,6 +9,7 @@ import torch
 import course_lib.lookup as lookup
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._values import read_numbers
 
 __all__ = ["similarity_scores", "softmax_weights", "soft_lookup", "query_gradient",
            "temperature_prediction", "lookup_many", "hint"]
@@ -211,29 +212,9 @@ TEMPERATURES = {"cold": 0.01, "hot": 100.0}
 _TOLERANCE = {"cold": 0.5, "hot": 1.0}
 
 
-def _read_prediction(got, name: str, keys: tuple[str, ...]) -> dict[str, float]:
-    """A prediction committed as {key: number}: every wrong form becomes feedback."""
-    if got is None:
-        fail(f"{name} is None: write your prediction into it (a dict with keys "
-             f"{', '.join(map(repr, keys))}) before you run the experiment cell.")
-    if not isinstance(got, dict):
-        fail(f"{name} should be a dict with keys {', '.join(map(repr, keys))}; it is a "
-             f"{type(got).__name__}.")
-    missing = [k for k in keys if k not in got]
-    if missing:
-        fail(f"{name} has no entry for {', '.join(map(repr, missing))}: predict every case.")
-    out = {}
-    for k in keys:
-        t = to_tensor(got[k], f"{name}[{k!r}]", dtype=torch.float64)
-        if t.numel() != 1 or not bool(torch.isfinite(t).all()):
-            fail(f"{name}[{k!r}] should be one finite number, got {got[k]!r}.")
-        out[k] = float(t.reshape(()))
-    return out
-
-
 def _temperature_judge(cases: list, outcomes: list) -> str:
     (_, got), = each(cases, outcomes)
-    predicted = _read_prediction(got, "prediction", tuple(TEMPERATURES))
+    predicted = read_numbers(got, "prediction", tuple(TEMPERATURES))
     lines = []
     for name, temperature in TEMPERATURES.items():
         measured, weights = lookup.soft_lookup(PREDICT_QUERY, PREDICT_KEYS, PREDICT_VALUES,

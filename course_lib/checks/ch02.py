@@ -12,8 +12,10 @@ from course_lib.attention import scaled_dot_product_attention as _reference_atte
 from course_lib.attention import softmax as _reference_softmax
 from course_lib.checks._core import call, expect_close, fail, to_tensor
 from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._values import read_choice, read_numbers
 
-__all__ = ["attention_scores", "softmax_rows", "self_attention", "hint"]
+__all__ = ["attention_scores", "softmax_rows", "self_attention", "batched_attention",
+           "shuffle_prediction", "dilution_experiment", "hint"]
 
 SOLUTION = "solutions/02_queries_keys_values.ipynb"
 
@@ -195,4 +197,172 @@ self_attention = Check(
         f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
     grade_ids=("ch02_self_attention_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 4 (debug)
+
+def _reshaped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """The planted bug: K reshaped to (..., d_k, n) instead of transposed."""
+    *batch, n, d_k = k.shape
+    w = torch.softmax(q @ k.reshape(*batch, d_k, n) / math.sqrt(d_k), dim=-1)
+    return w @ v, w
+
+
+def _batched_cases(seed: int, hidden: bool) -> list:
+    g = _generator(4, seed)
+    shapes = [(2, 5, 8, 4, 3), (3, 6, 4, 4, 4), (1, 7, 6, 2, 5)]
+    shapes += [(4, 9, 8, 3, 2), (2, 1, 4, 4, 4)] if hidden else []
+    return [{"x": _randn(g, b, n, d), "w_q": _randn(g, d, d_k), "w_k": _randn(g, d, d_k),
+             "w_v": _randn(g, d, d_v)} for b, n, d, d_k, d_v in shapes]
+
+
+def _batched_judge(cases: list, outcomes: list) -> str:
+    for case, result in each(cases, outcomes):
+        x = case["x"]
+        if not (isinstance(result, tuple) and len(result) == 2):
+            length = f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""
+            fail(f"batched_attention should return a pair (out, weights); it returned "
+                 f"{type(result).__name__}{length}.")
+        out, weights = result
+        q, k, v = x @ case["w_q"], x @ case["w_k"], x @ case["w_v"]
+        want_out, want_weights = _reference_attention(q, k, v)
+        w = to_tensor(weights, "the weights of batched_attention", dtype=torch.float64)
+        if w.shape == want_weights.shape and k.shape[-2] > 1:
+            if _close(w, _reshaped(q, k, v)[1]):
+                fail("still reshaping K: k.reshape(b, d_k, n) has the right shape but not the "
+                     "right numbers (it refills the same memory row by row, so entries of "
+                     "different keys end up in one column). Swap the last two axes instead.")
+            _, unscaled = _reference_attention(q, k, v, scale=1.0)
+            if _close(w, unscaled):
+                fail("the fix lost the 1/sqrt(d_k): the scores must still be divided by "
+                     f"sqrt(d_k) = sqrt({k.shape[-1]}).")
+        expect_close(w, want_weights, "the weights of batched_attention", atol=1e-6, rtol=1e-5,
+                     hint="Row i of each example's weights is query i's softmax over its keys.")
+        expect_close(out, want_out, "the output of batched_attention", atol=1e-6, rtol=1e-5,
+                     hint="out = weights @ v, example by example.")
+    return "batched_attention: K's last two axes swapped, not reshaped; the bug is fixed."
+
+
+batched_attention = Check(
+    id="ch02.batched_attention",
+    cases=_batched_cases,
+    run=lambda fn, case: call(fn, case["x"], case["w_q"], case["w_k"], case["w_v"],
+                              name="batched_attention"),
+    judge=_batched_judge,
+    forbid=((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention")),
+    hints=(
+        "Right shapes do not mean right numbers: compute one score by hand (one query, one key, "
+        "one example) and compare it with the function's.",
+        "Look at how K becomes (batch, d_k, n). Changing a tensor's shape and swapping two of "
+        "its axes are different operations: only one keeps each key's numbers together.",
+        "Replace the reshape by a swap of the last two axes: k.transpose(-2, -1).",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
+    ),
+    grade_ids=("ch02_batched_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 5 (predict)
+
+SHUFFLE_CHOICES = ("same", "shuffled", "different")
+SHUFFLE_ORDER = [3, 0, 5, 1, 4, 2]
+
+
+def shuffle_experiment() -> dict:
+    """The run of exercise 5 (the notebook's given cell builds the same tensors): largest
+    difference of attention on the shuffled tokens from the original output and from the
+    original output shuffled the same way."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 8, generator=g, dtype=torch.float64)
+    w_q, w_k, w_v = (torch.randn(8, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    out = _reference_attention(x @ w_q, x @ w_k, x @ w_v)[0]
+    xs = x[SHUFFLE_ORDER]
+    out_s = _reference_attention(xs @ w_q, xs @ w_k, xs @ w_v)[0]
+    return {"same": float((out_s - out).abs().max()),
+            "shuffled": float((out_s - out[SHUFFLE_ORDER]).abs().max())}
+
+
+def _shuffle_judge(cases: list, outcomes: list) -> str:
+    (_, got), = each(cases, outcomes)
+    choice = read_choice(got, "prediction", SHUFFLE_CHOICES)
+    run = shuffle_experiment()
+    truth = "same" if run["same"] < 1e-9 else "shuffled" if run["shuffled"] < 1e-9 else "different"
+    if choice != truth:
+        fail(f"you predicted {choice!r}, but the run says {truth!r}: the shuffled tokens' outputs "
+             f"differ from the original outputs by up to {run['same']:.3f}, and from the original "
+             f"outputs shuffled the same way by {run['shuffled']:.1e}. Self-attention without "
+             "positions has no idea of order: each token's output depends on its own vector and "
+             "on the SET of all tokens, so shuffling the tokens shuffles the outputs and nothing "
+             "else.")
+    return ("prediction: shuffling the tokens only shuffles the outputs (self-attention is "
+            "permutation-equivariant; order has to come from elsewhere, chapter 07).")
+
+
+shuffle_prediction = Check(
+    id="ch02.shuffle_prediction",
+    cases=lambda seed, hidden: [None],
+    run=lambda value, case: value,
+    judge=_shuffle_judge,
+    hints=(
+        "Ask what a token's output depends on: its own query, and all the keys and values. "
+        "Which of those change when the tokens swap places?",
+        "Write out output i as a sum over j. Reordering the tokens reorders the terms of that sum "
+        "(a sum does not care about order) and moves which row is called i.",
+        "The outputs come out in the new order, each row unchanged: out(x[order]) equals "
+        "out(x)[order], so the answer is 'shuffled'.",
+        f"The worked answer is exercise 5 of {SOLUTION}.",
+    ),
+    grade_ids=("ch02_shuffle_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 6 (experiment)
+
+DILUTION_NS = (4, 64, 1024)
+_DILUTION_RTOL = 0.2   # a 500-trial mean is within ~4% (1024 keys) of the reference
+
+
+def _dilution_reference(n: int, trials: int = 2000, d_k: int = 16) -> float:
+    g = torch.Generator().manual_seed(1000 + n)
+    q = torch.randn(trials, 1, d_k, generator=g)
+    k = torch.randn(trials, n, d_k, generator=g)
+    return float(torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1).amax(-1).mean())
+
+
+def _dilution_judge(cases: list, outcomes: list) -> str:
+    (_, got), = each(cases, outcomes)
+    measured = read_numbers(got, "largest_weight", DILUTION_NS)
+    want = {n: _dilution_reference(n) for n in DILUTION_NS}
+    for n in DILUTION_NS:
+        if not 0 < measured[n] <= 1:
+            fail(f"largest_weight[{n}] = {measured[n]:.4g} cannot be a softmax weight (weights "
+                 "lie in (0, 1]).")
+        if abs(measured[n] - want[n]) > _DILUTION_RTOL * want[n]:
+            unscaled = " Did you divide the scores by sqrt(d_k) = 4?" if measured[n] > want[n] \
+                else " Did you take the LARGEST weight of each query's row, then the mean?"
+            fail(f"largest_weight[{n}] = {measured[n]:.4f}, but a run of the experiment gives "
+                 f"about {want[n]:.4f} (within {_DILUTION_RTOL:.0%}).{unscaled}")
+    return ("largest_weight: the best key's share falls from about "
+            f"{want[DILUTION_NS[0]]:.2f} ({DILUTION_NS[0]} keys) to {want[DILUTION_NS[-1]]:.3f} "
+            f"({DILUTION_NS[-1]} keys): with random queries and keys, attention dilutes as the "
+            "context grows.")
+
+
+dilution_experiment = Check(
+    id="ch02.dilution_experiment",
+    cases=lambda seed, hidden: [None],
+    run=lambda value, case: value,
+    judge=_dilution_judge,
+    hints=(
+        "Measure it: many random queries, each scored against n random keys, and for each query "
+        "the share of its best key. Average those shares for each n.",
+        "For each n: draw 500 queries (500, 1, 16) and keys (500, n, 16) with torch.randn, "
+        "score them with your attention_scores, turn the rows into weights with softmax_rows, "
+        "take each row's largest weight, and average.",
+        "largest_weight[n] = softmax_rows(attention_scores(q, k)).amax(dim=-1).mean().item() "
+        "for q ~ (500, 1, 16), k ~ (500, n, 16).",
+        f"The worked answer is exercise 6 of {SOLUTION}.",
+    ),
+    grade_ids=("ch02_dilution_test",),
 )
