@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-mb", type=int, default=4096, help="memory cap for the kernel in MB (default 4096)"
     )
     p.add_argument("--solutions", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--python-path", action="append", metavar="DIR", default=None,
+                   help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("grade", help="instructors: grade submitted exercise notebooks")
@@ -130,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="folder of source notebooks (default: the course's solutions/)",
     )
+    p.add_argument("--python-path", action="append", metavar="DIR", default=None,
+                   help="a folder the kernel may import from (e.g. your own checkers); read-only")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="run the kernels without bubblewrap even where it works (debugging)")
     p.set_defaults(func=cmd_grade)
     return parser
 

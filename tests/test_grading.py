@@ -1,14 +1,14 @@
 """The grader: honest scores, hostile submissions, and every chapter's solution/blank extremes.
 
 Slow parts run once per module: one `course grade --json` over a folder of hostile fixture
-notebooks (built here, in tmp), and one `grade()` over every chapter's solution and exercise
-notebooks. The tests then read those results.
+notebooks (tests/grading_fixture.py: a small course whose checks are `Check`s), and one grade
+over every chapter's solution and exercise notebooks plus hostile variants of chapter 01. The
+tests then read those results. The attacks on the grader itself: tests/test_grading_attacks.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import csv
 import functools
 import importlib
@@ -21,205 +21,121 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
+from grading_fixture import (
+    POINTS,
+    SOLVED,
+    drop,
+    gid_of,
+    make_course,
+    set_source,
+    solved,
+    submission,
+    with_cells,
+    write,
+)
 
 import course_lib.lookup as lookup
-from course_tools import cli
-from course_tools import grader as grading
 from course_lib.checks import _core, ch01
 from course_lib.checks._core import CheckFailure, ReferenceCall, forbid
-from course_tools.exercises import hints, student_version
 from course_lib.lookup import soft_lookup as aliased_reference
+from course_tools import cli
+from course_tools import grader as grading
+from course_tools.exercises import hints
+from course_tools.grader import sandbox
 
 REPO = Path(__file__).resolve().parent.parent
-TIMEOUT = 5          # seconds per cell for the fixture notebooks (their cells take milliseconds)
-MEMORY_MB = 1024     # cap for the fixture kernels (they do not import torch)
-
-
-# ---------------------------------------------------------------------------------------------
-# A small source notebook in nbgrader format, and hostile variants of it
-
-
-def _meta(grade_id, *, grade=False, solution=False, locked=True, points=None):
-    m = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3, "solution": solution}
-    if points is not None:
-        m["points"] = points
-    return {"nbgrader": m}
-
-
-def _answer(gid, body):
-    return nbformat.v4.new_code_cell(body, metadata=_meta(gid, solution=True, locked=False))
-
-
-def _test(gid, body, points):
-    return nbformat.v4.new_code_cell(body, metadata=_meta(gid, grade=True, points=points))
-
-
-def source_notebook():
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    nb.cells = [
-        nbformat.v4.new_markdown_cell("# Fixture exercises"),
-        nbformat.v4.new_code_cell("import os\nFACTOR = 2", metadata=_meta("fx_setup")),
-        _answer("fx_double", "def double(x):\n    # HINT: multiply by FACTOR\n    ### BEGIN SOLUTION\n"
-                             "    return FACTOR * x\n    ### END SOLUTION"),
-        _test("fx_double_test", 'assert double(3) == 6, "double(3) should be 6"\n'
-                                "### BEGIN HIDDEN TESTS\n"
-                                'assert double(-1) == -2, "hidden test: double(-1) should be -2"\n'
-                                "### END HIDDEN TESTS", 2),
-        _answer("fx_square", "def square(x):\n    # HINT: x times x\n    ### BEGIN SOLUTION\n"
-                             "    return x * x\n    ### END SOLUTION"),
-        _test("fx_square_test", 'assert square(4) == 16, "square(4) should be 16"', 3),
-        _answer("fx_inc", "def inc(x):\n    # HINT: add one\n    ### BEGIN SOLUTION\n"
-                          "    return x + 1\n    ### END SOLUTION"),
-        _test("fx_inc_test", 'assert inc(1) == 2, "inc(1) should be 2"', 1),
-    ]
-    return nb
-
-
-SOLVED = {"fx_double": "def double(x):\n    return FACTOR * x",
-          "fx_square": "def square(x):\n    return x * x",
-          "fx_inc": "def inc(x):\n    return x + 1"}
-
-
-def submission(**answers):
-    """The exercise notebook with some answer cells filled in (the rest stay blank)."""
-    nb = student_version(source_notebook(), "90_fixture.ipynb")
-    for cell in nb.cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if gid in answers:
-            cell.source = answers[gid]
-    return nb
-
-
-def with_cells(nb, edit):
-    nb = copy.deepcopy(nb)
-    edit(nb.cells)
-    return nb
-
-
-def _gid(cell):
-    return cell.metadata.get("nbgrader", {}).get("grade_id")
-
-
-def drop(*gids):
-    return lambda cells: cells.__setitem__(slice(None), [c for c in cells if _gid(c) not in gids])
-
-
-def set_source(gid, text):
-    def edit(cells):
-        for c in cells:
-            if _gid(c) == gid:
-                c.source = text
-    return edit
-
-
-FULL = submission(**SOLVED)
+TIMEOUT = 5  # seconds per cell for the fixture notebooks (their cells take milliseconds)
+MEMORY_MB = 1024  # cap for the fixture kernels (they do not import torch)
+SANDBOXED = sandbox.unavailable() is None
+FULL = solved()
 
 # name -> (notebook or raw bytes, expected {exercise: score}, words expected in the feedback)
 HOSTILE = {
-    "correct.ipynb": (FULL, {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}, {}),
+    "correct.ipynb": (FULL, POINTS, {}),
     "blank.ipynb": (submission(), {"fx_double_test": 0, "fx_square_test": 0, "fx_inc_test": 0},
-                    {"fx_double_test": "not written yet (hint: multiply by FACTOR)"}),
+                    {"fx_double_test": "not written yet. Hint: multiply by FACTOR"}),
     "infinite_loop.ipynb": (
-        submission(**dict(SOLVED, fx_square="def square(x):\n    while True:\n        pass")),
+        solved(fx_square="def square(x):\n    while True:\n        pass"),
         {"fx_double_test": 2, "fx_square_test": 0, "fx_inc_test": 1},
         {"fx_square_test": "timed out after"}),
     "loop_ignores_interrupt.ipynb": (
-        submission(**dict(SOLVED, fx_square="import signal\ndef square(x):\n"
-                                            "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                                            "    while True:\n        pass")),
+        solved(fx_square="import signal\ndef square(x):\n"
+                         "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                         "    while True:\n        pass"),
         {"fx_double_test": 2, "fx_square_test": 0, "fx_inc_test": 1},
         {"fx_square_test": "ignored the interrupt"}),
     "os_exit_in_answer.ipynb": (
-        submission(**dict(SOLVED, fx_double="def double(x):\n    return FACTOR * x\nimport os\nos._exit(3)")),
+        solved(fx_double="def double(x):\n    return FACTOR * x\nimport os\nos._exit(3)"),
         {"fx_double_test": 0, "fx_square_test": 3, "fx_inc_test": 1},
         {"fx_double_test": "kernel died"}),
     "segfault_in_check.ipynb": (
-        submission(**dict(SOLVED, fx_square="import ctypes\ndef square(x):\n    return ctypes.string_at(0)")),
+        solved(fx_square="import faulthandler\ndef square(x):\n    faulthandler._sigsegv()"),
         {"fx_double_test": 2, "fx_square_test": 0, "fx_inc_test": 1},
         {"fx_square_test": "kernel died"}),
     "memory_bomb.ipynb": (
-        submission(**dict(SOLVED, fx_inc="def inc(x):\n    hog = []\n    while True:\n"
-                                         "        hog.append(bytearray(50 * 2**20))")),
+        solved(fx_inc="def inc(x):\n    hog = []\n    while True:\n"
+                      "        hog.append(bytearray(50 * 2**20))"),
         {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 0},
         {"fx_inc_test": "MemoryError"}),
     "output_flood.ipynb": (
-        submission(**dict(SOLVED, fx_double="for _ in range(24):\n    print('x' * 2**20)\n" + SOLVED["fx_double"])),
-        {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}, {}),
-    "leaves_a_child_process.ipynb": (
-        submission(**dict(SOLVED, fx_inc="import subprocess, sys\n"
-                                         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(424242)'])\n"
-                                         + SOLVED["fx_inc"])),
-        {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}, {}),
-    "kills_the_worker.ipynb": (
-        submission(**dict(SOLVED, fx_inc="import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")),
-        {"fx_double_test": 0, "fx_square_test": 0, "fx_inc_test": 0}, {}),
+        solved(fx_double="for _ in range(24):\n    print('x' * 2**20)\n" + SOLVED["fx_double"]),
+        POINTS, {}),
     "deleted_cells.ipynb": (
         with_cells(FULL, drop("fx_square_test", "fx_inc")),
         {"fx_double_test": 2, "fx_square_test": 0, "fx_inc_test": 0},
         {"fx_square_test": "cell missing", "fx_inc_test": "answer cell missing"}),
     "renamed_grade_id.ipynb": (
         with_cells(FULL, lambda cells: [c.metadata["nbgrader"].update(grade_id="mine")
-                                        for c in cells if _gid(c) == "fx_inc_test"]),
+                                        for c in cells if gid_of(c) == "fx_inc_test"]),
         {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 0},
         {"fx_inc_test": "cell missing"}),
     "edited_tests.ipynb": (
-        with_cells(submission(**dict(SOLVED, fx_double="def double(x):\n    return 0")),
+        with_cells(solved(fx_double="def double(x):\n    return 0"),
                    lambda cells: [set_source("fx_double_test", "pass")(cells),
                                   set_source("fx_setup", "FACTOR = 0")(cells)]),
         {"fx_double_test": 0, "fx_square_test": 3, "fx_inc_test": 1},
         {"fx_double_test": "double(3) should be 6"}),
     "added_cells.ipynb": (
-        with_cells(submission(**dict(SOLVED, fx_square="def square(x):\n    return helper(x)")),
-                   lambda cells: cells.insert(3, nbformat.v4.new_code_cell("def helper(x):\n    return x ** 2"))),
-        {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}, {}),
+        with_cells(solved(fx_square="def square(x):\n    return helper(x)"),
+                   lambda cells: cells.insert(3, nbformat.v4.new_code_cell(
+                       "def helper(x):\n    return x ** 2"))),
+        POINTS, {}),
     "fails_hidden_test.ipynb": (
-        submission(**dict(SOLVED, fx_double="def double(x):\n    return 6 if x == 3 else 0")),
+        solved(fx_double="def double(x):\n    return 6 if x == 3 else 0"),
         {"fx_double_test": 0, "fx_square_test": 3, "fx_inc_test": 1},
-        {"fx_double_test": "hidden test: double(-1)"}),
-    "writes_and_deletes_files.ipynb": (
-        submission(**dict(SOLVED, fx_double=(
-            "import glob, os\n"
-            "for p in set(map(os.path.realpath, glob.glob('*.ipynb') + glob.glob('../*/*.ipynb'))):\n"
-            "    os.remove(p)\n"
-            "open('pwned.txt', 'w').write('x')\nopen('../pwned.txt', 'w').write('x')\n"
-            "os.chmod('.', 0o500)\n"
-            + SOLVED["fx_double"]))),
-        {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}, {}),
-    "renamed copy (2).ipynb": (
-        with_cells(FULL, lambda cells: None).copy() | {"metadata": {}},
-        {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}, {}),
+        {"fx_double_test": "double(-1) should be -2"}),
+    "writes_and_deletes_its_own_files.ipynb": (
+        solved(fx_double="import glob, os\nfor p in glob.glob('*.ipynb'):\n    os.remove(p)\n"
+                         "open('mine.txt', 'w').write('x')\nos.chmod('.', 0o500)\n"
+                         + SOLVED["fx_double"]),
+        POINTS, {}),
+    "renamed copy (2).ipynb": (with_cells(FULL, lambda cells: None).copy() | {"metadata": {}},
+                               POINTS, {}),
     "not_json.ipynb": (b"this is not { a notebook", None, "not a readable Jupyter notebook"),
     "binary.ipynb": (bytes(range(256)) * 8, None, "not a readable Jupyter notebook"),
     "empty.ipynb": (b"", None, "not a readable Jupyter notebook"),
-    "json_but_not_notebook.ipynb": (b'{"cells": 5, "hello": [1, 2]}', None, "not a readable Jupyter notebook"),
+    "json_but_not_notebook.ipynb": (b'{"cells": 5, "hello": [1, 2]}', None,
+                                    "not a readable Jupyter notebook"),
     "malformed_cells.ipynb": (
-        json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {},
-                    "cells": [{"cell_type": "code", "source": 7, "metadata": {"nbgrader": "x"}},
-                              "junk", {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "fx_inc"}},
-                                       "source": ["def inc(x):\n", "    return x + 1\n"], "outputs": []},
-                              {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "fx_inc_test"}},
-                               "source": "", "outputs": []}]}).encode(),
-        {"fx_double_test": 0, "fx_square_test": 0, "fx_inc_test": 1}, {"fx_double_test": "cell missing"}),
-    "unrelated_notebook.ipynb": (nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]),
-                                 None, "matches no notebook"),
+        json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+            {"cell_type": "code", "source": 7, "metadata": {"nbgrader": "x"}}, "junk",
+            {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "fx_inc"}},
+             "source": ["def inc(x):\n", "    return x + 1\n"], "outputs": []},
+            {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "fx_inc_test"}},
+             "source": "", "outputs": []}]}).encode(),
+        {"fx_double_test": 0, "fx_square_test": 0, "fx_inc_test": 1},
+        {"fx_double_test": "cell missing"}),
+    "unrelated_notebook.ipynb": (
+        nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), None,
+        "matches no notebook"),
 }
 
 
-if not sys.platform.startswith("linux"):  # the memory cap is Linux-only; elsewhere a bomb is not capped
+if not sys.platform.startswith("linux"):  # the memory cap is Linux-only
     HOSTILE.pop("memory_bomb.ipynb")
 if os.name != "posix":  # signals and process groups: POSIX only
-    for _name in ("loop_ignores_interrupt.ipynb", "kills_the_worker.ipynb", "segfault_in_check.ipynb"):
+    for _name in ("loop_ignores_interrupt.ipynb", "segfault_in_check.ipynb"):
         HOSTILE.pop(_name)
-
-
-def _write(folder: Path, name: str, content) -> Path:
-    path = folder / name
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(nbformat.writes(nbformat.from_dict(content)), encoding="utf-8")
-    return path
 
 
 def _digests(folder: Path) -> dict[str, str]:
@@ -229,52 +145,51 @@ def _digests(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def fixture_course(tmp_path_factory):
     root = tmp_path_factory.mktemp("grading")
-    solutions = root / "solutions"
-    solutions.mkdir()
-    nbformat.write(source_notebook(), solutions / "90_fixture.ipynb")
+    solutions, pylib = make_course(root)
     subs = root / "submissions"
     subs.mkdir()
     for name, (content, _, _) in HOSTILE.items():
-        _write(subs, name, content)
-    return root, solutions, subs
+        write(subs, name, content)
+    return root, solutions, subs, pylib
+
+
+def _grade_cli(*args, solutions, pylib):
+    out = io.StringIO()
+    err = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(["grade", *map(str, args), "--timeout", str(TIMEOUT),
+                           "--memory-mb", str(MEMORY_MB), "--solutions", str(solutions),
+                           "--python-path", str(pylib)])
+    return status, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
 def hostile_run(fixture_course):
     """ONE `course grade --json` over every hostile submission: it must run to the end."""
-    root, solutions, subs = fixture_course
+    root, solutions, subs, pylib = fixture_course
     before = _digests(subs)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = cli.main(["grade", str(subs), "--json", "--timeout", str(TIMEOUT),
-                           "--memory-mb", str(MEMORY_MB), "--solutions", str(solutions)])
-    return status, json.loads(out.getvalue()), before, _digests(subs), subs
+    status, out, err = _grade_cli(subs, "--json", solutions=solutions, pylib=pylib)
+    return status, json.loads(out), before, _digests(subs), subs, err
 
 
 def test_hostile_run_finishes_with_status_0_and_one_result_each(hostile_run):
-    status, results, _, _, subs = hostile_run
+    status, results, *_ = hostile_run
     assert status == 0
     assert sorted(Path(r["submission"]).name for r in results) == sorted(HOSTILE)
     for r in results:
         assert set(r) == {"submission", "score", "max_score", "exercises", "error"}
         for e in r["exercises"]:
-            assert set(e) == {"id", "score", "max_score", "feedback"}
+            assert set(e) == {"id", "score", "max_score", "feedback", "flagged"}
 
 
 def test_every_submission_file_is_byte_identical_and_nothing_was_added(hostile_run):
-    _, _, before, after, subs = hostile_run
+    _, _, before, after, subs, _ = hostile_run
     assert after == before
-    assert not (subs / "pwned.txt").exists() and not (subs.parent / "pwned.txt").exists()
 
 
-@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
-def test_no_process_started_by_a_submission_outlives_grading(hostile_run):
-    lingering = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            if b"time.sleep(424242)" in cmdline.read_bytes():
-                lingering.append(cmdline.parent.name)
-    assert lingering == []
+def test_the_sandbox_line_is_printed_exactly_when_there_is_no_sandbox(hostile_run):
+    err = hostile_run[-1]
+    assert err.count("NOT sandboxed") == (0 if SANDBOXED else 1), err
 
 
 def _by_name(results):
@@ -283,7 +198,7 @@ def _by_name(results):
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_case_scores(hostile_run, name):
-    _, results, _, _, _ = hostile_run
+    results = hostile_run[1]
     r = _by_name(results)[name]
     _, expected, words = HOSTILE[name]
     if expected is None:  # not gradable: an error, no exercises, 0 points
@@ -294,26 +209,20 @@ def test_hostile_case_scores(hostile_run, name):
     assert r["score"] == sum(expected.values()) and r["max_score"] == 6
     feedback = {e["id"]: e["feedback"] for e in r["exercises"]}
     for gid, score in got.items():
-        if score == {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 1}[gid]:
+        if score == POINTS[gid]:
             assert feedback[gid] == "passed"
         else:
             assert feedback[gid] and feedback[gid] != "passed"
     for gid, word in words.items():
         assert word in feedback[gid], feedback[gid]
-
-
-@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-def test_a_worker_killed_by_its_kernel_costs_only_that_submission(hostile_run):
-    _, results, _, _, _ = hostile_run
-    r = _by_name(results)["kills_the_worker.ipynb"]
-    assert r["error"] and "worker stopped" in r["error"]
-    assert _by_name(results)["correct.ipynb"]["error"] is None
+    assert not any(e["flagged"] for e in r["exercises"]), "an honest mistake is not tampering"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the memory cap is Linux-only")
 def test_a_cap_too_small_for_python_itself_is_reported_not_crashed(fixture_course):
-    _, solutions, subs = fixture_course
-    (r,) = grading.grade([subs / "correct.ipynb"], timeout=TIMEOUT, memory_mb=40, solutions_dir=solutions)
+    _, solutions, subs, pylib = fixture_course
+    (r,) = grading.grade([subs / "correct.ipynb"], timeout=TIMEOUT, memory_mb=40,
+                         solutions_dir=solutions, python_path=[pylib])
     assert r.score == 0 and "could not start" in r.error and "40 MB" in r.error
     assert all("could not start" in e.feedback and "[" not in e.feedback for e in r.exercises)
 
@@ -323,62 +232,64 @@ def test_a_cap_too_small_for_python_itself_is_reported_not_crashed(fixture_cours
 
 
 def test_check_runs_without_hidden_tests_and_shows_hints(fixture_course, capsys):
-    _, solutions, _ = fixture_course
-    folder = fixture_course[0] / "learner"
+    root, solutions, _, pylib = fixture_course
+    folder = root / "learner"
     folder.mkdir()
     # double passes its visible test but not the hidden one; square is still blank
-    nb = submission(fx_double="def double(x):\n    return 6 if x == 3 else 0", fx_inc=SOLVED["fx_inc"])
-    path = _write(folder, "mine.ipynb", nb)
+    nb = submission(fx_double="def double(x):\n    return 6 if x == 3 else 0",
+                    fx_inc=SOLVED["fx_inc"])
+    path = write(folder, "mine.ipynb", nb)
     before = grading.file_digest(path)
-    assert cli.main(["check", str(path), "--timeout", str(TIMEOUT), "--solutions", str(solutions)]) == 0
-    out = capsys.readouterr().out
-    assert "total 3/6" in out and "hidden" not in out.split("total")[1].split("exercise(s) to go")[0]
-    assert "fx_square_test" in out and "hint: x times x" in out and "hint: multiply" not in out
-    assert "1 exercise(s) to go" in out
+    results = grading.grade([path], timeout=TIMEOUT, hidden=False, solutions_dir=solutions,
+                            python_path=[pylib])
+    out = grading.format_table(results, hints=True)
+    assert "total 3/6" in out and "should be" not in out
+    assert "fx_square_test" in out and "int: x times x" in out and "multiply" not in out
     assert grading.file_digest(path) == before and sorted(folder.iterdir()) == [path]
 
 
-def test_check_works_from_the_exercise_notebooks_when_solutions_are_not_handed_out(fixture_course, capsys):
-    root, _, subs = fixture_course
-    exercises = root / "exercises_only"
-    exercises.mkdir()
-    nbformat.write(submission(), exercises / "90_fixture.ipynb")  # the blank exercise as the source
-    nb = submission(fx_double="def double(x):\n    return 6 if x == 3 else 0", fx_inc=SOLVED["fx_inc"])
-    path = _write(root, "mine_too.ipynb", nb)
-    assert cli.main(["check", str(path), "--timeout", str(TIMEOUT), "--solutions", str(exercises)]) == 0
+def test_check_command_prints_the_table_and_what_is_left(fixture_course, capsys):
+    root, solutions, _, pylib = fixture_course
+    path = write(root, "mine_too.ipynb", submission(fx_inc=SOLVED["fx_inc"]))
+    assert cli.main(["check", str(path), "--timeout", str(TIMEOUT), "--solutions",
+                     str(solutions), "--python-path", str(pylib)]) == 0
     out = capsys.readouterr().out
-    assert "total 3/6" in out and "hint: x times x" in out
+    assert "total 1/6" in out and "2 exercise(s) to go" in out and "int: x times x" in out
 
 
 def test_csv_and_table_formats():
-    r = grading.SubmissionResult("a.ipynb", [grading.ExerciseResult("ex1_test", 2, 2, "passed"),
-                                             grading.ExerciseResult("ex2_test", 0, 3, "wrong, " * 40)],
-                                 source="solutions/01_x.ipynb")
+    ex = grading.ExerciseResult
+    r = grading.SubmissionResult("a.ipynb", [
+        ex("ex1_test", 2, 2, "passed"), ex("ex2_test", 0, 3, "wrong, " * 40),
+        ex("ex3_test", 0, 1, grading.FLAG + "x", flagged=True)], source="solutions/01_x.ipynb")
     bad = grading.SubmissionResult("b.ipynb", error="not a readable Jupyter notebook (x)")
     rows = list(csv.reader(io.StringIO(grading.format_csv([r, bad]))))
-    assert rows[0] == ["submission", "exercise", "score", "max_score", "feedback"]
-    assert rows[1] == ["a.ipynb", "ex1_test", "2", "2", "passed"]
-    assert rows[2][:4] == ["a.ipynb", "ex2_test", "0", "3"] and rows[2][4] == "wrong, " * 40
-    assert rows[3] == ["b.ipynb", "", "0", "0", "not a readable Jupyter notebook (x)"]
+    assert rows[0] == ["submission", "exercise", "score", "max_score", "flagged", "feedback"]
+    assert rows[1] == ["a.ipynb", "ex1_test", "2", "2", "", "passed"]
+    assert rows[2][:5] == ["a.ipynb", "ex2_test", "0", "3", ""] and rows[2][5] == "wrong, " * 40
+    assert rows[3] == ["a.ipynb", "ex3_test", "0", "1", "yes", "FLAGGED: x"]
+    assert rows[4] == ["b.ipynb", "", "0", "0", "", "not a readable Jupyter notebook (x)"]
     table = grading.format_table([r, bad])
-    assert "total 2/5" in table and "ex1_test" in table and "2/2" in table and "0/3" in table
+    assert "total 2/6   1 FLAGGED" in table and "ex1_test" in table and "0/3" in table
     assert "…" in table and max(map(len, table.splitlines())) <= 115
     assert "error: not a readable" in table and "2 submissions graded" in table
-    assert json.loads(grading.format_json([r]))[0]["score"] == 2
+    exported = json.loads(grading.format_json([r]))[0]
+    assert exported["score"] == 2 and [e["flagged"] for e in exported["exercises"]] == [
+        False, False, True]
 
 
-def test_cli_csv_on_real_files(fixture_course, capsys):
-    _, solutions, subs = fixture_course
-    status = cli.main(["grade", str(subs / "correct.ipynb"), str(subs / "not_json.ipynb"), "--csv",
-                       "--timeout", str(TIMEOUT), "--solutions", str(solutions)])
+def test_cli_csv_on_real_files(fixture_course):
+    _, solutions, subs, pylib = fixture_course
+    status, out, _ = _grade_cli(subs / "correct.ipynb", subs / "not_json.ipynb", "--csv",
+                                solutions=solutions, pylib=pylib)
     assert status == 0
-    rows = capsys.readouterr().out.strip().splitlines()
-    assert rows[0] == "submission,exercise,score,max_score,feedback" and len(rows) == 5
-    assert rows[1].endswith("fx_double_test,2,2,passed")
+    rows = out.strip().splitlines()
+    assert rows[0] == "submission,exercise,score,max_score,flagged,feedback" and len(rows) == 5
+    assert rows[1].endswith("fx_double_test,2,2,,passed")
 
 
 def test_missing_path_is_reported_with_status_1(fixture_course, capsys):
-    _, solutions, _ = fixture_course
+    _, solutions, _, _ = fixture_course
     assert cli.main(["grade", "/nonexistent/x.ipynb", "--json", "--solutions", str(solutions)]) == 1
     assert "file not found" in json.loads(capsys.readouterr().out)[0]["error"]
 
@@ -388,27 +299,44 @@ def test_missing_path_is_reported_with_status_1(fixture_course, capsys):
 
 
 def test_matching_by_metadata_ids_and_name(fixture_course):
-    _, solutions, _ = fixture_course
+    _, solutions, _, _ = fixture_course
     sources = grading.load_sources(solutions)
     assert grading.match_source(FULL, sources, "whatever.ipynb").name == "90_fixture.ipynb"
     no_ids = with_cells(submission(), lambda cells: [c.metadata.clear() for c in cells])
-    assert grading.match_source(no_ids, sources, "x.ipynb").name == "90_fixture.ipynb"  # metadata
+    assert grading.match_source(no_ids, sources, "x.ipynb").name == "90_fixture.ipynb"
     no_ids.metadata.clear()
     assert grading.match_source(no_ids, sources, "x.ipynb") is None
     assert grading.match_source(no_ids, sources, "90_fixture.ipynb").name == "90_fixture.ipynb"
 
 
-def test_assemble_takes_locked_cells_from_the_source_with_hidden_tests(fixture_course):
-    _, solutions, subs = fixture_course
+def test_assemble_judges_check_calls_in_the_grader_and_runs_test_cells_only_for_check(
+        fixture_course):
+    _, solutions, _, _ = fixture_course
     source = grading.load_sources(solutions)["90_fixture.ipynb"]
     edited = HOSTILE["edited_tests.ipynb"][0]
     plan = grading.assemble(source, edited, hidden=True)
     by_id = {c.grade_id: c for c in plan.cells}
-    assert by_id["fx_setup"].source == "import os\nFACTOR = 2"
-    assert "hidden test" in by_id["fx_double_test"].source
+    assert by_id["fx_setup"].source == "import os\nimport fx_checks as check\nFACTOR = 2"
     assert by_id["fx_double"].source == "def double(x):\n    return 0"
+    probe = by_id["fx_double_test"]
+    assert probe.role == "probe" and probe.call.check.id == "fx90.double"
+    assert probe.call.args == ("double",) and plan.in_kernel == []
     plan = grading.assemble(source, edited, hidden=False)
-    assert "hidden test" not in {c.grade_id: c for c in plan.cells}["fx_double_test"].source
+    test = {c.grade_id: c for c in plan.cells}["fx_double_test"]
+    assert test.role == "test" and test.source == "check.double(double)"
+
+
+def test_a_test_cell_that_is_not_only_check_calls_runs_in_the_kernel(fixture_course, tmp_path):
+    _, solutions, _, _ = fixture_course
+    nb = nbformat.read(solutions / "90_fixture.ipynb", as_version=4)
+    for cell in nb.cells:
+        if gid_of(cell) == "fx_inc_test":
+            cell.source = "check.inc(inc)\nassert inc(2) == 3"
+    nbformat.write(nb, tmp_path / "90_fixture.ipynb")
+    source = grading.load_sources(tmp_path)["90_fixture.ipynb"]
+    plan = grading.assemble(source, FULL, hidden=True)
+    assert plan.in_kernel == ["fx_inc_test"]
+    assert [c.role for c in plan.cells if c.grade_id == "fx_inc_test"] == ["test"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,12 +384,14 @@ CHEATS = {
 
 @pytest.mark.parametrize("name", list(CHEATS))
 def test_forbid_flags_every_form_of_calling_the_reference(name):
-    original = lookup.soft_lookup
+    original = dict(vars(lookup))
     try:
         with pytest.raises(ReferenceCall) as info:
             ch01.soft_lookup(CHEATS[name])
-    finally:
-        lookup.soft_lookup = original  # the reload case re-created the module's functions
+    finally:  # the reload case re-created every function of the module: put them all back
+        for attr, obj in original.items():
+            setattr(lookup, attr, obj)
+    assert all(getattr(lookup, a) is o for a, o in original.items())
     assert "calls the course's own" in str(info.value) or "call tracking" in str(info.value)
     assert isinstance(info.value, CheckFailure)
 
@@ -491,7 +421,8 @@ def test_forbid_lets_the_checker_call_the_reference_through_an_alias():
 
 
 def test_forbid_keeps_the_original_behaviour_for_the_module_attribute():
-    with pytest.raises(CheckFailure, match="calls the course's own `course_lib.lookup.soft_lookup`"):
+    message = "calls the course's own `course_lib.lookup.soft_lookup`"
+    with pytest.raises(CheckFailure, match=message):
         with forbid((lookup, "soft_lookup"), exercise="x"):
             lookup.soft_lookup(np.ones(2), np.eye(2), np.ones(2))
     assert lookup.soft_lookup is aliased_reference
@@ -545,53 +476,118 @@ def test_forbid_does_not_mask_other_failures_of_an_honest_answer():
 
 
 # ---------------------------------------------------------------------------------------------
-# Every chapter: its solution scores full points, its blank exercise 0; a reference-calling
-# answer is flagged (chapter 01). Chapters are discovered, so new ones are covered as they land.
+# Every chapter: its solution scores full points, its blank exercise 0 (the one run of every
+# blank exercise in the suite); chapter 01 also graded with the issue's attacks and other hostile
+# answers. Chapters are discovered, so new ones are covered as they land.
 
-CHAPTERS = sorted(p.name for p in (REPO / "solutions").glob("*.ipynb") if (REPO / "exercises" / p.name).exists())
+CHAPTERS = sorted(p.name for p in (REPO / "solutions").glob("*.ipynb")
+                  if (REPO / "exercises" / p.name).exists())
+CH01 = "01_soft_dictionary.ipynb"
+FIND_WORKER = (
+    "import json, os, signal\n"
+    "pid, forged = os.getpid(), {'statuses': [{'status': 'ok'}] * 40, 'error': None}\n"
+    "while pid > 1:\n"
+    "    pid = int(open(f'/proc/{pid}/status').read().split('PPid:')[1].split()[0])\n"
+    "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read() if pid > 0 else b''\n"
+    "    if b'grader.worker' in cmd or b'grading' in cmd:\n"
+    "        with open(f'/proc/{pid}/fd/1', 'w') as out:\n"
+    "            out.write('\\nCOURSE-GRADE-RESULT ' + json.dumps(forged) + '\\n')\n"
+    "        os.kill(pid, signal.SIGKILL)\n"
+    "        break\n")
+REWRITE_CHECKERS = (
+    "import pathlib, course_lib.checks\n"
+    "for p in pathlib.Path(course_lib.checks.__file__).parent.glob('ch*.py'):\n"
+    "    try:\n"
+    "        p.write_text(p.read_text() + '\\ndef _pwned(): pass\\n')\n"
+    "    except OSError:\n"
+    "        pass\n")
+RUN_SOLUTIONS = (
+    "import glob, json, os, course_lib\n"
+    "roots = {os.path.dirname(os.path.dirname(course_lib.__file__)), os.getcwd()}\n"
+    "try:\n"
+    "    roots.add(os.readlink(f'/proc/{os.getppid()}/cwd'))\n"
+    "except OSError:\n"
+    "    pass\n"
+    "for root in roots:\n"
+    "    for up in (root, os.path.dirname(root), os.path.dirname(os.path.dirname(root))):\n"
+    "        for path in glob.glob(os.path.join(up, '**', '01_soft_dictionary.ipynb'),\n"
+    "                              recursive=True):\n"
+    "            for cell in json.load(open(path))['cells']:\n"
+    "                src = ''.join(cell['source'])\n"
+    "                if cell['cell_type'] == 'code' and 'BEGIN SOLUTION' in src:\n"
+    "                    exec(src, globals())\n")
+REBIND_CHECKERS = (
+    "import numpy as np, torch\n"
+    "for name in ('similarity_scores', 'softmax_weights', 'soft_lookup', 'query_gradient'):\n"
+    "    setattr(check, name, lambda *a, **k: None)\n"
+    "np.allclose = torch.allclose = lambda *a, **k: True\n"
+    "def similarity_scores(query, keys):\n"
+    "    return None\n")
+# name -> (answer cell, its source, based on the solution (True) or the blank exercise (False))
+CH01_VARIANTS = {
+    "reference_alias": ("ch01_soft_lookup",
+                        "from course_lib.lookup import soft_lookup as mine\n\n"
+                        "def soft_lookup(query, keys, values, temperature=1.0):\n"
+                        "    return mine(query, keys, values, temperature)", True),
+    "os_exit": ("ch01_softmax", "import os\nos._exit(1)", True),
+    "rebinds_checkers": ("ch01_scores", REBIND_CHECKERS, False),
+    "forges_the_worker_result": ("ch01_scores", FIND_WORKER, False),
+    "runs_the_solutions": ("ch01_scores", RUN_SOLUTIONS, False),
+}
+if SANDBOXED:  # without a sandbox this would rewrite the real course for a moment: not here
+    CH01_VARIANTS["rewrites_the_checkers"] = ("ch01_scores", REWRITE_CHECKERS, False)
+ATTACKS = ["rebinds_checkers", "forges_the_worker_result", "runs_the_solutions",
+           "rewrites_the_checkers"]
+
+
+def _course_marked() -> list[str]:
+    """Course files carrying the mark of the rewrite attack (the live tree, which other authors
+    may be editing meanwhile, so its digests are not compared; tests/test_grading_attacks.py
+    compares the fixture course's files byte for byte)."""
+    files = [*(REPO / "course_lib").rglob("*.py"), *(REPO / "solutions").glob("*.ipynb")]
+    return [str(p) for p in files if "_pwned" in p.read_text(encoding="utf-8", errors="replace")]
 
 
 @pytest.fixture(scope="module")
 def chapter_run(tmp_path_factory):
-    """Grade a snapshot of every chapter's solution and blank exercise in one run (snapshots, so
-    an author re-executing a notebook meanwhile cannot make the results race)."""
+    """Grade a snapshot of every chapter's solution and blank exercise, and the chapter-01
+    variants, in ONE command (snapshots, so an author re-executing a notebook meanwhile cannot
+    make the results race). The cheats come first and the blank exercises after them."""
     snap = tmp_path_factory.mktemp("chapters")
     paths = {}
+    if CH01 in CHAPTERS:
+        for name, (gid, source, from_solution) in CH01_VARIANTS.items():
+            folder = "solutions" if from_solution else "exercises"
+            nb = nbformat.read(REPO / folder / CH01, as_version=4)
+            for cell in nb.cells:
+                if gid_of(cell) == gid:
+                    cell.source = source
+            nbformat.write(nb, snap / f"01_{name}.ipynb")
+            paths[("variant", name)] = snap / f"01_{name}.ipynb"
     for name in CHAPTERS:
         for folder in ("solutions", "exercises"):
             (snap / folder).mkdir(exist_ok=True)
             copy_path = snap / folder / name
             copy_path.write_bytes((REPO / folder / name).read_bytes())
             paths[(folder, name)] = copy_path
-    cheat = None
-    if "01_soft_dictionary.ipynb" in CHAPTERS:  # two hostile submissions of a real chapter
-        def variant(gid, source, name):
-            nb = nbformat.read(REPO / "solutions" / "01_soft_dictionary.ipynb", as_version=4)
-            for cell in nb.cells:
-                if cell.metadata.get("nbgrader", {}).get("grade_id") == gid:
-                    cell.source = source
-            nbformat.write(nb, snap / name)
-            return snap / name
-        cheat = paths[("cheat", "01")] = variant(
-            "ch01_soft_lookup", "from course_lib.lookup import soft_lookup as mine\n\n"
-            "def soft_lookup(query, keys, values, temperature=1.0):\n"
-            "    return mine(query, keys, values, temperature)", "01_reference_alias.ipynb")
-        paths[("exit", "01")] = variant("ch01_softmax", "import os\nos._exit(1)", "01_os_exit.ipynb")
     paths[("junk", "")] = snap / "junk.ipynb"
     paths[("junk", "")].write_bytes(b"\x00not a notebook")
     before = {p: grading.file_digest(p) for p in paths.values()}
+    course_before = _course_marked()
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):  # ONE command over every chapter plus hostile cases
+    with contextlib.redirect_stdout(out):
         status = cli.main(["grade", *map(str, paths.values()), "--json", "--timeout", "120"])
     assert status == 0
     after = {p: grading.file_digest(p) for p in paths.values()}
     by_path = {Path(r["submission"]): r for r in json.loads(out.getvalue())}
-    return {key: by_path[p] for key, p in paths.items()}, cheat, before, after
+    results = {key: by_path[p] for key, p in paths.items()}
+    return results, (before, after), (course_before, _course_marked())
 
 
-def test_chapter_notebooks_are_byte_identical_after_grading(chapter_run):
-    _, _, before, after = chapter_run
+def test_chapter_notebooks_and_course_files_are_byte_identical_after_grading(chapter_run):
+    _, (before, after), (course_before, course_after) = chapter_run
     assert after == before
+    assert course_before == course_after == []
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -612,22 +608,34 @@ def test_chapter_blank_exercise_scores_zero(chapter_run, name):
     for e in r["exercises"]:
         assert "not written yet" in e["feedback"], e
         assert any(h in e["feedback"] for h in the_hints), e
-        assert "set-up cell" not in e["feedback"], e
+        assert "set-up cell" not in e["feedback"] and not e["flagged"], e
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_the_issues_attacks_on_chapter_01_score_0_and_are_flagged(chapter_run, name):
+    if ("variant", name) not in chapter_run[0]:
+        pytest.skip("chapter 01 is not there" if CH01 not in CHAPTERS else
+                    "needs the sandbox (it would rewrite the real course for a moment)")
+    r = chapter_run[0][("variant", name)]
+    assert r["score"] == 0 and r["exercises"], r
+    assert all(e["flagged"] and e["feedback"].startswith(grading.FLAG) for e in r["exercises"]), r
 
 
 def test_hostile_submissions_of_a_real_chapter(chapter_run):
-    results, cheat = chapter_run[:2]
+    results = chapter_run[0]
     assert results[("junk", "")]["error"].startswith("not a readable Jupyter notebook")
-    if cheat is None:
+    if CH01 not in CHAPTERS:
         pytest.skip("chapter 01 is not there")
-    by_id = {e["id"]: e for e in results[("cheat", "01")]["exercises"]}
+    by_id = {e["id"]: e for e in results[("variant", "reference_alias")]["exercises"]}
     flagged = by_id.pop("ch01_soft_lookup_test")
     assert flagged["score"] == 0 and flagged["feedback"].startswith(grading.FLAG)
+    assert flagged["flagged"] is True
     assert "calls the course's own `course_lib.lookup.soft_lookup`" in flagged["feedback"]
     assert all(e["score"] == e["max_score"] for e in by_id.values())
     # os._exit in the softmax answer: that exercise and the one that needs softmax fail, the
     # kernel is restarted, and the others still score.
-    by_id = {e["id"]: e for e in results[("exit", "01")]["exercises"]}
-    assert by_id["ch01_softmax_test"]["score"] == 0 and "kernel died" in by_id["ch01_softmax_test"]["feedback"]
+    by_id = {e["id"]: e for e in results[("variant", "os_exit")]["exercises"]}
+    assert by_id["ch01_softmax_test"]["score"] == 0
+    assert "kernel died" in by_id["ch01_softmax_test"]["feedback"]
     assert by_id["ch01_scores_test"]["score"] == by_id["ch01_scores_test"]["max_score"]
     assert by_id["ch01_gradient_test"]["score"] == by_id["ch01_gradient_test"]["max_score"]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from course_tools.exercises import hints_in, strip_solution
+from course_tools.grader.calls import CheckCall, check_calls, imported_names
 from course_tools.grader.read import Source, cell_text, cell_type, grade_id, meta
 from course_tools.grader.results import CELL_MISSING
 
@@ -13,9 +14,11 @@ from course_tools.grader.results import CELL_MISSING
 @dataclass
 class RunCell:
     source: str
-    role: str  # "setup", "answer", "test", "extra"
+    role: str  # "setup", "answer", "test" (run in the kernel), "probe" (judged here), "extra"
     grade_id: str | None = None
     exercise: str | None = None  # the graded cell an answer/test belongs to
+    call: CheckCall | None = None  # a probe's check call; run.py writes its source and cases
+    probe: Any = None              # the probes.Probe once prepared
 
 
 @dataclass
@@ -24,6 +27,7 @@ class Plan:
     missing: dict[str, str]  # graded grade_id -> why it is missing
     answers_missing: dict[str, list[str]]  # graded grade_id -> answer ids not in the submission
     hints: dict[str, str]  # graded grade_id -> hint text
+    in_kernel: list[str] = field(default_factory=list)  # graded cells judged in the kernel
 
 
 def _exercise_of(source: Source) -> dict[int, str]:
@@ -40,7 +44,11 @@ def _exercise_of(source: Source) -> dict[int, str]:
 
 
 def assemble(source: Source, nb: Any, *, hidden: bool = True) -> Plan:
-    """The cells to run: locked cells from the source, answers and added cells from `nb`."""
+    """The cells to run: locked cells from the source, answers and added cells from `nb`.
+
+    With `hidden` (grading) each graded test cell made of check calls becomes one probe per call:
+    the test cell itself never runs, the Check judges in the grader. Without it (`course check`)
+    the test cells run in the kernel as the learner sees them, hidden tests removed."""
     sub_cells = [c for c in nb.get("cells", []) if isinstance(c, dict)]
     first: dict[str, int] = {}
     for k, c in enumerate(sub_cells):
@@ -69,6 +77,8 @@ def assemble(source: Source, nb: Any, *, hidden: bool = True) -> Plan:
     owner = _exercise_of(source)
     cells = [RunCell(t, "extra") for t in after.get(None, [])]
     missing, answers_missing, hints = {}, {}, {}
+    in_kernel: list[str] = []
+    setup: list[str] = []  # the source's set-up cells so far: the names check calls refer to
     for i, cell in enumerate(source.nb.cells):
         gid, m = grade_id(cell), meta(cell)
         ex = owner.get(i)
@@ -89,13 +99,18 @@ def assemble(source: Source, nb: Any, *, hidden: bool = True) -> Plan:
                         f"{CELL_MISSING}: the answer cell `{gid}` is not in the submission"
                     )
         elif m.get("grade") and gid and cell.cell_type == "code":
-            if gid in first:
+            calls = check_calls(cell.source, imported_names(setup)) if hidden else None
+            if gid in first and calls:
+                cells.extend(RunCell("", "probe", gid, gid, call=c) for c in calls)
+            elif gid in first:
                 text = (
                     cell.source
                     if hidden
                     else strip_solution(cell.source, where=f"{source.name} cell {i}")
                 )
                 cells.append(RunCell(text, "test", gid, gid))
+                if hidden:
+                    in_kernel.append(gid)
             else:
                 missing[gid] = (
                     f"{CELL_MISSING}: the graded cell `{gid}` was deleted or its grade_id "
@@ -103,6 +118,7 @@ def assemble(source: Source, nb: Any, *, hidden: bool = True) -> Plan:
                 )
         elif cell.cell_type == "code" and cell.source.strip():
             cells.append(RunCell(cell.source, "setup", gid, ex))
+            setup.append(cell.source)
         if gid:
             cells.extend(RunCell(t, "extra", None, ex) for t in after.get(gid, []))
-    return Plan(cells, missing, answers_missing, hints)
+    return Plan(cells, missing, answers_missing, hints, in_kernel)

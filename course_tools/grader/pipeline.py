@@ -10,24 +10,26 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from course_tools.grader.assemble import assemble
+from course_tools.grader.calls import checker_names
 from course_tools.grader.match import match_source
-from course_tools.grader.read import Source, default_check_dir, expand, load_sources, read_notebook
+from course_tools.grader.read import (
+    Source,
+    default_check_dir,
+    default_solutions_dir,
+    expand,
+    load_sources,
+    read_notebook,
+)
 from course_tools.grader.report import format_csv, format_json, format_table
 from course_tools.grader.results import ExerciseResult, SubmissionResult
-from course_tools.grader.run import run_in_worker
+from course_tools.grader.run import Settings, run_submission
+from course_tools.grader.sandbox import NOT_SANDBOXED
+from course_tools.grader.scan import scan_plan
 from course_tools.grader.score import score
 
 
-def grade_one(
-    path: Path,
-    sources: dict[str, Source],
-    *,
-    timeout: float = 60,
-    memory_mb: int = 4096,
-    hidden: bool = True,
-    jobs: int = 1,
-    label: str | None = None,
-) -> SubmissionResult:
+def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
+              hidden: bool = True, label: str | None = None) -> SubmissionResult:
     """Grade one submission; never raises for anything the submission contains."""
     start = time.monotonic()
     result = SubmissionResult(label or str(path))
@@ -37,10 +39,8 @@ def grade_one(
         return result
     source = match_source(nb, sources, Path(path).name)
     if source is None:
-        result.error = (
-            "matches no notebook in solutions/: none of its cells carries a grade_id "
-            "from there, and its name is not one of theirs"
-        )
+        result.error = ("matches no notebook in solutions/: none of its cells carries a grade_id "
+                        "from there, and its name is not one of theirs")
         return result
     result.source = str(source.path)
     try:
@@ -49,11 +49,11 @@ def grade_one(
         result.error = f"could not assemble the notebook: {type(e).__name__}: {e}"
         result.exercises = [ExerciseResult(g, 0, p, "not run") for g, p, _ in source.graded]
         return result
-    statuses, error = run_in_worker(
-        Path(path).name, data, plan, timeout=timeout, memory_mb=memory_mb, jobs=jobs
-    )
-    result.error = error
-    result.exercises = score(source, plan, statuses, timeout=timeout, memory_mb=memory_mb)
+    found = scan_plan(plan.cells, checker_names(source)) if hidden else {}
+    run = run_submission(Path(path).name, data, plan, settings)
+    result.error = run.error
+    result.exercises = score(source, plan, run, timeout=settings.timeout,
+                             memory_mb=settings.memory_mb, suspicious=found)
     result.seconds = time.monotonic() - start
     return result
 
@@ -64,36 +64,46 @@ def default_jobs() -> int:
     return 1 if cpus < 2 else min(4, max(2, cpus // 2))
 
 
-def grade(
-    paths: list[Path],
-    *,
-    timeout: float = 60,
-    memory_mb: int = 4096,
-    hidden: bool = True,
-    jobs: int | None = None,
-    solutions_dir: Path | None = None,
-) -> list[SubmissionResult]:
-    """Grade every submission (directories expand to the notebooks inside), concurrently."""
+def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidden: bool = True,
+          jobs: int | None = None, solutions_dir: Path | None = None,
+          python_path: list[str] | None = None, sandbox: bool = True,
+          warn=None) -> list[SubmissionResult]:
+    """Grade every submission (directories expand to the notebooks inside), concurrently.
+
+    `warn(line)` receives the one line saying that the kernel is not sandboxed, when it is not
+    (`course grade` prints it to stderr). `python_path`: extra folders the kernel imports from
+    (read-only in the sandbox), e.g. a course's own checker modules. `sandbox=False` runs the
+    kernel without bubblewrap even where it works (for debugging a submission)."""
     sources = load_sources(solutions_dir)
     files = expand(paths)
     jobs = max(1, min(jobs or default_jobs(), len(files) or 1))
+    solutions = Path(solutions_dir) if solutions_dir else default_solutions_dir()
+    folders = {p.resolve().parent for p in files if p.exists()}
+    extra = [Path(p).resolve() for p in python_path or []]
+    settings = Settings(timeout=timeout, memory_mb=memory_mb, jobs=jobs, sandbox=sandbox,
+                        python_path=[str(p) for p in extra],
+                        hide=[solutions.resolve(), *sorted(folders)],
+                        protect=[*(s.path.resolve() for s in sources.values()),
+                                 *(p.resolve() for p in files if p.is_file()),
+                                 *(q for p in extra for q in p.rglob("*.py"))])
+    if settings.why_not_sandboxed and warn is not None:
+        warn(NOT_SANDBOXED.format(why=settings.why_not_sandboxed))
 
     def one(p: Path) -> SubmissionResult:
         try:
-            return grade_one(
-                p,
-                sources,
-                timeout=timeout,
-                memory_mb=memory_mb,
-                hidden=hidden,
-                jobs=jobs,
-                label=str(p),
-            )
+            return grade_one(p, sources, settings, hidden=hidden, label=str(p))
         except Exception as e:  # noqa: BLE001 - a grader bug on one file must not stop the others
             return SubmissionResult(str(p), error=f"internal grader error: {type(e).__name__}: {e}")
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, files))
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(one, files))
+    finally:
+        settings.close()
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main_grade(args: argparse.Namespace) -> int:
@@ -104,6 +114,9 @@ def main_grade(args: argparse.Namespace) -> int:
         memory_mb=args.memory_mb,
         jobs=getattr(args, "jobs", None),
         solutions_dir=getattr(args, "solutions", None),
+        python_path=getattr(args, "python_path", None),
+        sandbox=not getattr(args, "no_sandbox", False),
+        warn=_stderr,
     )
     if getattr(args, "json", False):
         sys.stdout.write(format_json(results))
@@ -132,6 +145,7 @@ def main_check(args: argparse.Namespace) -> int:
         hidden=False,
         jobs=1,
         solutions_dir=getattr(args, "solutions", None) or default_check_dir(),
+        python_path=getattr(args, "python_path", None),
     )
     sys.stdout.write(format_table(results, hints=True))
     r = results[0]

@@ -32,7 +32,9 @@ def format_table(results: list[SubmissionResult], *, hints: bool = False, width:
         head = f"{r.submission}"
         if r.source:
             head += f"  (source: {Path(r.source).name})"
-        lines.append(f"{head}   total {_num(r.score)}/{_num(r.max_score)}")
+        flagged = sum(e.flagged for e in r.exercises)
+        lines.append(f"{head}   total {_num(r.score)}/{_num(r.max_score)}"
+                     + (f"   {flagged} FLAGGED" if flagged else ""))
         if r.error:
             lines.append(f"  error: {_short(r.error, width)}")
         id_w = max([len(e.id) for e in r.exercises] + [8])
@@ -64,10 +66,11 @@ def format_json(results: list[SubmissionResult]) -> str:
 def format_csv(results: list[SubmissionResult]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["submission", "exercise", "score", "max_score", "feedback"])
+    w.writerow(["submission", "exercise", "score", "max_score", "flagged", "feedback"])
     for r in results:
         if not r.exercises:
-            w.writerow([r.submission, "", 0, 0, r.error or ""])
+            w.writerow([r.submission, "", 0, 0, "", r.error or ""])
         for e in r.exercises:
-            w.writerow([r.submission, e.id, _num(e.score), _num(e.max_score), e.feedback])
+            w.writerow([r.submission, e.id, _num(e.score), _num(e.max_score),
+                        "yes" if e.flagged else "", e.feedback])
     return buf.getvalue()

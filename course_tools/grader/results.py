@@ -15,7 +15,7 @@ class ExerciseResult:
     score: float
     max_score: float
     feedback: str
-    flagged: bool = False  # ran the course's reference instead of the learner's own code
+    flagged: bool = False  # tampering or the course's own reference: 0 points, worth a look
     hint: str = ""  # the `# HINT:` of its answer cells (shown by `course check`)
 
     def to_json(self) -> dict:
@@ -24,6 +24,7 @@ class ExerciseResult:
             "score": _num(self.score),
             "max_score": _num(self.max_score),
             "feedback": self.feedback,
+            "flagged": self.flagged,
         }
 
 

@@ -1,17 +1,102 @@
-"""Stage 4, run (the grader's side): a worker subprocess per submission, in a scratch folder."""
+"""Stage 4, run (the grader's side): one worker subprocess per submission, in a scratch folder.
+
+The grader writes the submission's copy and the probes' cases into the submission's folders
+(`sandbox.Layout`), starts `python -m course_tools.grader.worker` with a one-time token on its
+stdin, waits, and reads the worker's result file only if the worker exited normally and the
+token matches. The worker never prints, so anything on its stdout is someone else's forgery.
+Then the probes are judged here (`probes.judge`), and the scratch folder is deleted.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_tools.grader import probes, sandbox
 from course_tools.grader.assemble import Plan
-from course_tools.grader.worker import GRACE_S, MAX_RESTARTS, RESULT_MARK, STARTUP_S, kill_group
+from course_tools.grader.worker import GRACE_S, MAX_RESTARTS, STARTUP_S, kill_group
+
+
+@dataclass
+class Settings:
+    """What every submission of one `grade()` call shares."""
+
+    timeout: float = 60
+    memory_mb: int = 4096
+    jobs: int = 1
+    python_path: list[str] = field(default_factory=list)  # extra import folders for the kernel
+    hide: list[Path] = field(default_factory=list)  # solutions/, the submissions' folders
+    protect: list[Path] = field(default_factory=list)  # files no kernel may change
+    sandbox: bool = True  # False: never, even where it works
+    why_not_sandboxed: str | None = None
+    course_lib: Path = field(init=False)
+    snapshot: Path | None = None
+    watch: dict[str, list[str]] = field(default_factory=dict)  # path -> [sha256, snapshot name]
+    per_cell: set[str] = field(default_factory=set)  # watched after every cell
+
+    def __post_init__(self):
+        import course_lib
+
+        self.course_lib = Path(course_lib.__file__).resolve().parent
+        self.why_not_sandboxed = sandbox.unavailable() if self.sandbox else "--no-sandbox"
+        if self.why_not_sandboxed and os.name == "posix":
+            self._take_snapshot()
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.why_not_sandboxed is None
+
+    def _take_snapshot(self) -> None:
+        """Without a sandbox a kernel can reach the course's files: keep a copy to put back.
+        The worker checks the course's files after every cell; the submissions (possibly large)
+        are checked once each submission is done."""
+        course = [
+            p for p in self.course_lib.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        ]
+        course += [p for p in self.protect if p.suffix == ".py" or "solutions" in p.parts]
+        others = [p for p in self.protect if p not in course]
+        self.snapshot = Path(tempfile.mkdtemp(prefix="course-grade-snapshot-"))
+        for k, path in enumerate(dict.fromkeys([*course, *others])):
+            if not path.is_file():
+                continue
+            data = path.read_bytes()
+            (self.snapshot / str(k)).write_bytes(data)
+            self.watch[str(path)] = [hashlib.sha256(data).hexdigest(), str(k)]
+        self.per_cell = {str(p) for p in course}
+
+    def restore(self) -> list[str]:
+        """Put back any watched file a kernel changed (no sandbox); returns what was changed."""
+        changed = []
+        for path, (digest, name) in self.watch.items():
+            try:
+                now = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            except OSError:
+                now = None
+            if now != digest:
+                changed.append(path)
+                Path(path).write_bytes((self.snapshot / name).read_bytes())
+        return changed
+
+    def close(self) -> None:
+        if self.snapshot is not None:
+            self.restore()
+            remove(self.snapshot)
+
+
+@dataclass
+class RunResult:
+    statuses: list[dict]  # one per plan cell
+    error: str | None = None
+    flags: list[str] = field(default_factory=list)  # tampering with the run itself: all exercises
+    verdicts: dict[int, probes.Verdict] = field(default_factory=dict)  # plan cell -> verdict
 
 
 def _worker_env(jobs: int) -> dict[str, str]:
@@ -23,71 +108,104 @@ def _worker_env(jobs: int) -> dict[str, str]:
     return env
 
 
-def run_in_worker(
-    name: str, data: bytes, plan: Plan, *, timeout: float, memory_mb: int, jobs: int
-) -> tuple[list[dict], str | None]:
-    """Run the plan's cells in a worker subprocess, in a scratch copy; return per-cell statuses."""
+def run_submission(name: str, data: bytes, plan: Plan, settings: Settings) -> RunResult:
+    """Run the plan's cells in a worker subprocess, judge its probes, clean up."""
+    layout = sandbox.Layout.create()
+    try:
+        (layout.work / (name if name.endswith(".ipynb") else "submission.ipynb")).write_bytes(data)
+        (layout.ctl / "collected").mkdir()
+        for cell in plan.cells:
+            if cell.role == "probe":
+                cell.probe = probes.prepare(cell.call, layout.io)
+                cell.source = cell.probe.source
+        result = _run_worker(layout, plan, settings)
+        for i, (cell, st) in enumerate(zip(plan.cells, result.statuses)):
+            if cell.role == "probe":
+                result.verdicts[i] = probes.judge(
+                    cell.probe, layout.ctl / "collected", st.get("status") == "ok"
+                )
+    finally:
+        remove(layout.root)
+    return result
+
+
+def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings) -> RunResult:
     n = len(plan.cells)
-    scratch = Path(tempfile.mkdtemp(prefix="course-grade-"))
-    control = Path(
-        tempfile.mkdtemp(prefix="course-grade-ctl-")
-    )  # not reachable by ../ from the kernel
-    work = scratch / "work"
-    work.mkdir()
-    (work / (name if name.endswith(".ipynb") else "submission.ipynb")).write_bytes(data)
+    env = _worker_env(settings.jobs)
     spec = {
         "cells": [c.source for c in plan.cells],
-        "cwd": str(work),
-        "timeout": timeout,
-        "memory_mb": memory_mb,
-        "grace": min(GRACE_S, max(2.0, timeout / 2)),
+        "collect": [[c.probe.out] if c.role == "probe" else [] for c in plan.cells],
+        "cwd": str(layout.work),
+        "io": str(layout.io),
+        "ctl": str(layout.ctl),
+        "ipc": str(layout.ipc) if os.name == "posix" else None,
+        "env": sandbox.kernel_env(layout, env, settings.python_path),
+        "timeout": settings.timeout,
+        "memory_mb": settings.memory_mb,
+        "grace": min(GRACE_S, max(2.0, settings.timeout / 2)),
+        "watch": {p: v for p, v in settings.watch.items() if p in settings.per_cell},
+        "snapshot": str(settings.snapshot or ""),
     }
-    (control / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-    # Enough for every cell to time out, plus restarts and replays.
-    deadline = STARTUP_S * (MAX_RESTARTS + 2) + (timeout + GRACE_S) * (n + 2) * 2
-    cmd = [
-        sys.executable,
-        "-m",
-        "course_tools.grader.worker",
-        "--worker",
-        str(control / "spec.json"),
-    ]
-    error = None
-    statuses: list[dict] = []
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=str(control),
-            env=_worker_env(jobs),
-            start_new_session=True,
+    if settings.sandboxed:
+        hide = sandbox.hidden_places(settings.course_lib.parent, settings.hide)
+        spec["sandbox"], spec["traps"] = sandbox.wrap(
+            layout, course_lib=settings.course_lib, python_path=settings.python_path, hide=hide
         )
-        try:
-            out, err = proc.communicate(timeout=deadline)
-        except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
-            out, err = proc.communicate()
-            error = f"grading did not finish within {deadline:.0f} s; the rest was not run"
-        for line in out.decode("utf-8", "replace").splitlines():
-            if line.startswith(RESULT_MARK):
-                reply = json.loads(line[len(RESULT_MARK) :])
-                statuses, error = reply["statuses"], reply["error"] or error
-        if not statuses and error is None:
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
-            error = f"the grading worker stopped (exit status {proc.returncode})" + (
-                ": " + " | ".join(tail) if tail else ""
-            )
-    finally:
-        _remove(scratch)
-        _remove(control)
-    if len(statuses) < n:
-        reason = error or "not run"
-        statuses = statuses + [{"status": "skipped", "reason": reason}] * (n - len(statuses))
-    return statuses, error
+    (layout.ctl / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    # Enough for every cell to time out, plus restarts and replays.
+    deadline = STARTUP_S * (MAX_RESTARTS + 2) + (settings.timeout + GRACE_S) * (n + 2) * 2
+    cmd = [sys.executable, "-m", "course_tools.grader.worker", "--worker", str(layout.ctl)]
+    token = secrets.token_hex(16)
+    result = RunResult([])
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=str(layout.ctl),
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate((token + "\n").encode(), timeout=deadline)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        out, err = proc.communicate()
+        result.error = f"grading did not finish within {deadline:.0f} s; the rest was not run"
+    if out.strip():
+        result.flags.append(
+            f"something wrote {len(out)} bytes into the grading worker's output (a forged result?)"
+        )
+    reply = _read_reply(layout.ctl / "result.json", token, proc.returncode, result)
+    if reply is not None:
+        result.statuses, result.error = reply["statuses"], reply["error"] or result.error
+    elif result.error is None:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+        result.error = f"the grading worker stopped (exit status {proc.returncode})" + (
+            ": " + " | ".join(tail) if tail else ""
+        )
+    if settings.snapshot is not None:
+        result.flags += [f"changed the course file {p}" for p in settings.restore()]
+    if len(result.statuses) < n:
+        reason = result.error or "not run"
+        result.statuses += [{"status": "skipped", "reason": reason}] * (n - len(result.statuses))
+    return result
 
 
-def _remove(path: Path) -> None:
+def _read_reply(path: Path, token: str, returncode: int | None, result: RunResult) -> dict | None:
+    if returncode != 0 or not path.is_file():
+        return None
+    try:
+        reply = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        reply = None
+    if not isinstance(reply, dict) or not secrets.compare_digest(str(reply.get("token")), token):
+        result.flags.append("the grading worker's result was forged")
+        return None
+    return reply
+
+
+def remove(path: Path) -> None:
     def make_writable(func, p, _exc):  # a cell may have chmod-ed its files
         try:
             os.chmod(p, 0o700)

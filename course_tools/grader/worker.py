@@ -1,11 +1,18 @@
 """Stage 4, run (the worker's side): one assembled notebook in a fresh, limited kernel.
 
-`python -m course_tools.grader.worker SPEC.json` is started by `run.py`, one per submission.
+`python -m course_tools.grader.worker --worker CTL_DIR` is started by `run.py`, one per
+submission. It reads its spec from CTL_DIR/spec.json and a one-time token from its stdin, starts
+the kernel (inside the sandbox's command when there is one) on ipc sockets, runs the cells, moves
+each probe's files out of the kernel's reach as soon as its cell ends, notes after every cell
+what appeared where the kernel should not write, and writes CTL_DIR/result.json with the token.
+It never prints: anything on its stdout was written by someone else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -25,7 +32,6 @@ import nbformat
 GRACE_S = 10  # after interrupting a timed-out cell, wait at most this long before killing it
 MAX_RESTARTS = 3  # kernel restarts per submission before the remaining cells are skipped
 STARTUP_S = 60  # seconds allowed for a kernel to start
-RESULT_MARK = "COURSE-GRADE-RESULT "
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -73,6 +79,7 @@ def _kernel_manager_class():
 
     class LimitedKernelManager(AsyncKernelManager):
         memory_mb = 0
+        sandbox: list[str] = []  # the bwrap command up to its "--", or [] without a sandbox
 
         def format_kernel_cmd(self, extra_arguments=None):
             # Always this environment's ipykernel (never whatever a "python3" kernelspec names).
@@ -86,7 +93,7 @@ def _kernel_manager_class():
             ]
             if os.name != "posix":
                 return cmd
-            return [sys.executable, "-c", _LAUNCHER, str(self.memory_mb), *cmd]
+            return [*self.sandbox, sys.executable, "-c", _LAUNCHER, str(self.memory_mb), *cmd]
 
     return LimitedKernelManager
 
@@ -139,14 +146,24 @@ async def _run_cells(spec: dict) -> dict:
     )
     launch = {
         "cwd": spec["cwd"],
+        "env": spec["env"],
         "stdout": subprocess.DEVNULL,
         "stderr": subprocess.DEVNULL,
         "stdin": subprocess.DEVNULL,
     }
+    ipc = spec.get("ipc")
+    watch = Watch(spec)
 
     async def start() -> None:
-        km = _kernel_manager_class()(kernel_name="python3")
+        if ipc:  # sockets as files in a folder the sandbox shares: no TCP port to reach
+            for old in Path(ipc).iterdir():
+                old.unlink()
+            km = _kernel_manager_class()(kernel_name="python3", transport="ipc",
+                                         connection_file=str(Path(ipc) / "kernel.json"))
+        else:
+            km = _kernel_manager_class()(kernel_name="python3")
         km.memory_mb = memory_mb
+        km.sandbox = list(spec.get("sandbox") or [])
         client.km = km
         await client.async_start_new_kernel(**launch)
         await client.async_start_new_kernel_client()
@@ -160,7 +177,16 @@ async def _run_cells(spec: dict) -> dict:
                 kill_group(pgid)
         client.kc = client.km = None
 
-    async def run(i: int) -> dict:
+    async def run(i: int, replay: bool = False) -> dict:
+        st = await execute(i)
+        if not replay:
+            collect(spec, i)
+        found = watch.check()
+        if found:
+            st["intrusions"] = found
+        return st
+
+    async def execute(i: int) -> dict:
         cell = nb.cells[i]
         before = asyncio.all_tasks()
         t0 = time.monotonic()
@@ -192,6 +218,7 @@ async def _run_cells(spec: dict) -> dict:
     restarts = 0
     try:
         await start()
+        watch.baseline()
     except Exception as e:  # noqa: BLE001 - e.g. a memory cap too small for Python itself
         reason = (
             f"the kernel could not start ({type(e).__name__}: {str(e)[:200]}); "
@@ -223,8 +250,8 @@ async def _run_cells(spec: dict) -> dict:
                 break
             # Rebuild the state the later cells expect: replay what ran normally before.
             for j in range(i - 1):
-                if statuses[j]["status"] in ("ok", "error"):
-                    replay = await run(j)
+                if statuses[j]["status"] in ("ok", "error") and not spec["collect"][j]:
+                    replay = await run(j, replay=True)
                     if replay["status"] in ("died", "stuck"):
                         reason = "not run: the kernel died again while replaying earlier cells"
                         statuses += [{"status": "skipped", "reason": reason}] * (len(nb.cells) - i)
@@ -235,21 +262,110 @@ async def _run_cells(spec: dict) -> dict:
     return {"statuses": statuses, "error": None}
 
 
-def _worker_main(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+def collect(spec: dict, i: int) -> None:
+    """Move cell i's probe files out of the kernel's reach (later writes change nothing)."""
+    for name in spec["collect"][i]:
+        for suffix in ("", ".tampered"):
+            src = Path(spec["io"]) / (name + suffix)
+            if src.is_file() and not src.is_symlink():
+                os.replace(src, Path(spec["ctl"]) / "collected" / (name + suffix))
+
+
+def _digest(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+class Watch:
+    """What the kernel should not change: the traps' contents (sandbox) and the course files
+    (no sandbox; a changed file is put back from the grader's snapshot at once)."""
+
+    def __init__(self, spec: dict):
+        self.traps: dict[str, str] = spec.get("traps") or {}
+        self.files: dict[str, list[str]] = spec.get("watch") or {}  # path -> [sha256, copy]
+        self.snapshot = spec.get("snapshot")
+        self.seen: set[str] = set()
+
+    def _listing(self) -> set[str]:
+        found = set()
+        for trap in self.traps:
+            for folder, dirs, files in os.walk(trap):
+                for name in dirs + files:
+                    found.add(os.path.join(folder, name))
+        return found
+
+    def baseline(self) -> None:
+        self.seen = self._listing()  # the mount points bubblewrap made
+
+    def check(self) -> list[str]:
+        found = []
+        now = self._listing()
+        for path in sorted(now - self.seen):
+            trap = next(t for t in self.traps if path.startswith(t + os.sep))
+            found.append("wrote " + self.traps[trap].rstrip("/") + path[len(trap):])
+        self.seen |= now
+        for path, (digest, copy) in self.files.items():
+            if _digest(path) != digest:
+                found.append(f"changed the course file {path}")
+                try:
+                    Path(path).write_bytes((Path(self.snapshot) / copy).read_bytes())
+                except OSError as e:
+                    found.append(f"(and the grader could not restore it: {e})")
+        return found
+
+
+def _adopt_orphans() -> None:
+    """Become the child subreaper (Linux): what a kernel starts and leaves behind, even in a
+    session of its own, is reparented to the worker when the kernel dies, and killed at the end."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    except Exception:  # noqa: BLE001 - not Linux: the sandbox's namespace or nothing
+        pass
+
+
+def _kill_children() -> None:
+    me = str(os.getpid())
+    for _ in range(5):
+        found = False
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                ppid = status.read_text().split("PPid:")[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if ppid == me:
+                found = True
+                with contextlib.suppress(OSError):
+                    os.kill(int(status.parent.name), signal.SIGKILL)
+                with contextlib.suppress(OSError, ChildProcessError):
+                    os.waitpid(int(status.parent.name), os.WNOHANG)
+        if not found:
+            return
+        time.sleep(0.05)
+
+
+def _worker_main(ctl: str) -> int:
+    token = sys.stdin.readline().strip()  # before any kernel exists; never written anywhere
+    _adopt_orphans()
+    spec = json.loads((Path(ctl) / "spec.json").read_text(encoding="utf-8"))
     if sys.platform == "win32":  # pyzmq's asyncio sockets need a selector loop on Windows
         asyncio.set_event_loop_policy(asyncio.WindowsSelectorEventLoopPolicy())
     result = asyncio.run(_run_cells(spec))
-    sys.stdout.write("\n" + RESULT_MARK + json.dumps(result) + "\n")
-    sys.stdout.flush()
+    if os.path.isdir("/proc"):
+        _kill_children()
+    result["token"] = token
+    tmp = Path(ctl) / "result.json.part"
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    os.replace(tmp, Path(ctl) / "result.json")
     return 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(_worker_main(sys.argv[2]))
-    print(
-        "usage: python -m course_lib.grading --worker SPEC.json (internal; use `course grade`)",
-        file=sys.stderr,
-    )
+    print("usage: python -m course_tools.grader.worker --worker CTL_DIR (internal; use `course "
+          "grade`)", file=sys.stderr)
     sys.exit(2)
