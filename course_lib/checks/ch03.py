@@ -1,5 +1,6 @@
-"""Checkers for exercises/03_scaling.ipynb: predict and measure the score variance, softmax entropy,
-and the softmax Jacobian (the thing that carries gradients back through the weights)."""
+"""Checkers for exercises/03_scaling.ipynb: the score variance (a formula, then a measurement),
+softmax entropy and a prediction of it at large d_k, and the softmax Jacobian (the thing that
+carries gradients back through the weights)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import torch
 from course_lib.attention import softmax as _softmax
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._values import read_numbers
 
-__all__ = ["predicted_variance", "score_variance", "entropy", "softmax_jacobian", "hint"]
+__all__ = ["predicted_variance", "measured_variance", "entropy", "entropy_prediction",
+           "softmax_jacobian", "hint"]
 
 SOLUTION = "solutions/03_scaling.ipynb"
 
@@ -77,64 +80,51 @@ predicted_variance = Check(
 )
 
 
-# ---------------------------------------------------------------- exercise 2
+# ---------------------------------------------------------------- exercise 2 (experiment)
 
-N_SAMPLES = 20000
-
-
-def _measure_cases(seed: int, hidden: bool) -> list:
-    dims = [4, 64, 256] + ([100] if hidden else [])
-    base = seed % 10_000
-    cases = [{"d_k": d_k, "scaled": scaled, "seed": base + i}
-             for i, d_k in enumerate(dims) for scaled in (False, True)]
-    # the same question twice with two seeds: a measurement must differ, a formula would not
-    cases += [{"d_k": 16, "scaled": False, "seed": base}, {"d_k": 16, "scaled": False,
-                                                             "seed": base + 1}]
-    return cases
+MEASURE_WIDTHS = (16, 256)
+_MEASURE_RTOL = 0.15   # 300 x 300 scores: an honest estimate is within ~4% of d_k
 
 
-def _measure_judge(cases: list, outcomes: list) -> str:
-    measured = []
-    for case, got in each(cases, outcomes):
-        d_k, scaled = case["d_k"], case["scaled"]
-        what = f"score_variance({d_k}, scaled={scaled})"
-        x = _number(got, what)
-        measured.append(x)
-        want = 1.0 if scaled else float(d_k)
-        if abs(x - want) <= 0.12 * want:
+def _measured_judge(cases: list, outcomes: list) -> str:
+    (_, got), = each(cases, outcomes)
+    measured = read_numbers(got, "measured_variance", MEASURE_WIDTHS)
+    for d_k in MEASURE_WIDTHS:
+        x, what = measured[d_k], f"measured_variance[{d_k}]"
+        if x == d_k:
+            fail(f"{what} is exactly {d_k}: that is the formula from exercise 1, not a "
+                 "measurement (a variance estimated from random samples is never exactly d_k). "
+                 "Draw the queries and keys and measure.")
+        if abs(x - d_k) <= _MEASURE_RTOL * d_k:
             continue
-        if not scaled and abs(x - math.sqrt(d_k)) <= 0.12 * math.sqrt(d_k):
+        if abs(x - math.sqrt(d_k)) <= _MEASURE_RTOL * math.sqrt(d_k):
             fail(f"{what} = {x:.4g}, close to sqrt(d_k) = {math.sqrt(d_k):.4g}: you measured the "
-                 "standard deviation. Return the variance.")
-        if scaled and abs(x - d_k) <= 0.12 * d_k:
-            fail(f"{what} = {x:.4g}: with scaled=True divide each dot product by sqrt(d_k) "
-                 "before measuring the variance.")
-        if not scaled and abs(x - 1) <= 0.12:
-            fail(f"{what} = {x:.4g}: with scaled=False do not divide by sqrt(d_k).")
-        fail(f"{what} = {x:.4g}, expected about {want:.4g} (within 12%). Draw n_samples random "
-             "queries and keys of width d_k, take one dot product per pair, and return the "
-             "variance of those numbers.")
-    if measured[-1] == measured[-2]:
-        fail("score_variance gives exactly the same number for two different seeds: measure it "
-             "from random samples drawn with a generator seeded by `seed`, not from the formula.")
-    return "score_variance: measured variance ≈ d_k unscaled and ≈ 1 scaled."
+                 "standard deviation of the scores. Report their variance.")
+        if abs(x - 1) <= _MEASURE_RTOL:
+            fail(f"{what} = {x:.4g}, close to 1: these are the scaled scores. Measure the raw "
+                 "q·k, without dividing by sqrt(d_k).")
+        fail(f"{what} = {x:.4g}, but a correct run gives about {d_k} (within "
+             f"{_MEASURE_RTOL:.0%}): the variance of all the entries of Q Kᵀ for 300 random "
+             f"queries and 300 random keys of width {d_k}.")
+    return ("measured_variance: the raw scores' variance grows like d_k "
+            f"({measured[16]:.1f} at 16, {measured[256]:.0f} at 256), as predicted.")
 
 
-score_variance = Check(
-    id="ch03.score_variance",
-    cases=_measure_cases,
-    run=lambda fn, case: call(fn, case["d_k"], case["scaled"], N_SAMPLES, case["seed"],
-                              name="score_variance"),
-    judge=_measure_judge,
+measured_variance = Check(
+    id="ch03.measured_variance",
+    cases=lambda seed, hidden: [None],
+    run=lambda value, case: value,
+    judge=_measured_judge,
     hints=(
-        "Measure, do not derive: draw many random query-key pairs from a seeded generator, take "
-        "their dot products, and report how spread out those numbers are.",
-        "Seed a torch.Generator with `seed`, draw q and k of shape (n_samples, d_k) from a "
-        "standard normal, take one dot product per row, divide by sqrt(d_k) when scaled.",
-        "dots = (q * k).sum(dim=-1), optionally / sqrt(d_k); return dots.var() as a number.",
+        "Measure, do not derive: draw many random queries and keys, score every query against "
+        "every key, and report how spread out those scores are.",
+        "For each width, draw a (300, d_k) matrix of queries and one of keys from a standard "
+        "normal; one matrix product gives all 300 x 300 raw scores; take their variance.",
+        "measured_variance[d_k] = (Q @ K.T).var().item() with Q, K = torch.randn(300, d_k) "
+        "each (no 1/sqrt(d_k)).",
         f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ch03_measure_test",),
+    grade_ids=("ch03_measured_test",),
 )
 
 
@@ -235,7 +225,73 @@ softmax_jacobian = Check(
         "The quotient rule gives ∂p_i/∂s_j = p_i (δ_ij - p_j): a diagonal part p_i on i = j and "
         "a part -p_i p_j everywhere.",
         "J = diag(p) - outer(p, p) with p = softmax(scores); shape (n, n).",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
+        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
     grade_ids=("ch03_jacobian_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 4 (predict)
+
+ENTROPY_D_K, ENTROPY_KEYS = 256, 6
+_ENTROPY_TOL = 0.35    # nats
+
+
+def entropy_experiment(n_queries: int = 2000, seed: int = 4) -> dict:
+    """The run of exercise 4: mean entropy (nats) of softmax(q·k) and of softmax(q·k / sqrt(d_k))
+    over 6 random keys at d_k = 256, for random unit-variance queries and keys."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n_queries, 1, ENTROPY_D_K, generator=g, dtype=torch.float64)
+    k = torch.randn(n_queries, ENTROPY_KEYS, ENTROPY_D_K, generator=g, dtype=torch.float64)
+    raw = (q @ k.transpose(-2, -1)).squeeze(1)
+    out = {}
+    for name, s in (("unscaled", raw), ("scaled", raw / math.sqrt(ENTROPY_D_K))):
+        w = torch.softmax(s, dim=-1)
+        out[name] = float(-torch.xlogy(w, w).sum(-1).mean())
+    return out
+
+
+def _entropy_prediction_judge(cases: list, outcomes: list) -> str:
+    (_, got), = each(cases, outcomes)
+    predicted = read_numbers(got, "predicted_entropy", ("unscaled", "scaled"))
+    run, top = entropy_experiment(), math.log(ENTROPY_KEYS)
+    for name, value in predicted.items():
+        if not -1e-9 <= value <= top + 1e-9:
+            fail(f"predicted_entropy[{name!r}] = {value:.3g} is impossible: the entropy of "
+                 f"weights over {ENTROPY_KEYS} keys lies between 0 (one-hot) and "
+                 f"log {ENTROPY_KEYS} = {top:.3f} (uniform).")
+    gaps = []
+    if abs(predicted["unscaled"] - run["unscaled"]) > _ENTROPY_TOL:
+        gaps.append(f"unscaled, the run gives {run['unscaled']:.3f} nats and you predicted "
+                    f"{predicted['unscaled']:.3f}: raw scores at d_k = {ENTROPY_D_K} have a "
+                    f"standard deviation of sqrt({ENTROPY_D_K}) = {math.sqrt(ENTROPY_D_K):.0f}, "
+                    "so the best key beats the next by several units and the softmax is "
+                    "nearly one-hot (entropy near 0)")
+    if abs(predicted["scaled"] - run["scaled"]) > _ENTROPY_TOL:
+        gaps.append(f"scaled, the run gives {run['scaled']:.3f} nats and you predicted "
+                    f"{predicted['scaled']:.3f}: divided by sqrt(d_k) the scores have standard "
+                    "deviation 1 at any width, so the weights stay spread (below but not far "
+                    f"from the uniform log {ENTROPY_KEYS} = {top:.3f})")
+    if gaps:
+        fail("your prediction is off: " + "; ".join(gaps) + ".")
+    return (f"predicted_entropy: unscaled {run['unscaled']:.2f} nats (nearly one-hot), scaled "
+            f"{run['scaled']:.2f} nats (spread), against log {ENTROPY_KEYS} = {top:.2f} for "
+            "uniform weights.")
+
+
+entropy_prediction = Check(
+    id="ch03.entropy_prediction",
+    cases=lambda seed, hidden: [None],
+    run=lambda value, case: value,
+    judge=_entropy_prediction_judge,
+    hints=(
+        "Two facts decide it: how spread out the raw scores are at d_k = 256, and what a "
+        "softmax does when one score beats the others by a lot, or by a little.",
+        "Exercise 1 gives the scores' standard deviation, with and without the scale. Entropy "
+        "runs from 0 (all weight on one key) to log 6 (equal weights). Where does each case sit?",
+        "Unscaled the scores' spread is 16: nearly one-hot, entropy close to 0 (about 0.1). "
+        "Scaled the spread is 1: spread weights, about 1.5 nats (log 6 is 1.79).",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
+    ),
+    grade_ids=("ch03_entropy_prediction_test",),
 )
