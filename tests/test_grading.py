@@ -257,6 +257,21 @@ def test_check_command_prints_the_table_and_what_is_left(fixture_course, capsys)
     assert "total 1/6" in out and "2 exercise(s) to go" in out and "int: x times x" in out
 
 
+def test_check_works_from_the_exercise_notebooks_when_solutions_are_not_handed_out(
+        fixture_course):
+    root, _, _, pylib = fixture_course
+    exercises = root / "exercises_only"
+    exercises.mkdir()
+    nbformat.write(submission(), exercises / "90_fixture.ipynb")  # the blank as the source
+    nb = submission(fx_double="def double(x):\n    return 6 if x == 3 else 0",
+                    fx_inc=SOLVED["fx_inc"])
+    path = write(root, "mine_three.ipynb", nb)
+    results = grading.grade([path], timeout=TIMEOUT, hidden=False, solutions_dir=exercises,
+                            python_path=[pylib])
+    out = grading.format_table(results, hints=True)
+    assert "total 3/6" in out and "int: x times x" in out
+
+
 def test_csv_and_table_formats():
     ex = grading.ExerciseResult
     r = grading.SubmissionResult("a.ipynb", [

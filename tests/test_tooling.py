@@ -76,6 +76,14 @@ def test_no_tooling_or_library_file_is_over_450_lines():
     assert set(long) <= allowed, long
 
 
+def test_the_grader_finds_the_course_from_any_working_folder(tmp_path, monkeypatch):
+    from course_tools.grader import default_check_dir, default_solutions_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert default_solutions_dir() == ROOT / "solutions"
+    assert default_check_dir() == ROOT / "solutions"
+
+
 def test_build_exercises_check_exit_codes(tmp_path, capsys):
     assert (
         main(

@@ -53,8 +53,8 @@ class Source:
 
 
 def default_solutions_dir(folder: str = "solutions") -> Path:
-    """The course's own solutions/ (next to course_lib), else ./solutions."""
-    here = Path(__file__).resolve().parent.parent / folder
+    """The course's own solutions/ (next to course_lib and course_tools), else ./solutions."""
+    here = Path(__file__).resolve().parents[2] / folder  # course_tools/grader/read.py
     return here if here.is_dir() else Path(folder)
 
 
