@@ -10,7 +10,7 @@ them again (one CPU thread, deterministic; the same machine gives the same bits)
     python -m course_lib.stacking.pretrained --quick --out DIR   # a few steps each (the test)
 
     induction_1layer, induction_2layer   same width and budget, 1 vs 2 layers
-    pronoun_transformer, pronoun_lstm    the trophy-and-suitcase task, attention vs recurrence
+    pronoun_transformer, pronoun_gru     the trophy-and-suitcase task, attention vs recurrence
     text                                 characters of CPython's reference manual
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from course_lib.models import TinyTransformer
-from course_lib.models.small import RecurrentModel
+from course_lib.models.recall import RecurrentModel
 from course_lib.stacking import text as text_mod
 from course_lib.stacking.induction import induction_batch
 from course_lib.stacking.pronoun import PronounTask, accuracy_by_filler
@@ -55,10 +55,10 @@ SPECS: dict[str, dict] = {
                             "model_args": {"vocab_size": 44, "d_model": 64, "num_heads": 4,
                                            "num_layers": 2, "max_len": 42},
                             "steps": 1500, "batch": 64, "lr": 3e-3, "seed": 0},
-    "pronoun_lstm": {"task": "pronoun", "task_args": _PRONOUN_TASK, "model": "RecurrentModel",
-                     "model_args": {"vocab_size": 44, "num_classes": 44, "d_hidden": 144,
-                                    "kind": "lstm", "d_embed": 32},
-                     "steps": 1500, "batch": 64, "lr": 3e-3, "seed": 0},
+    "pronoun_gru": {"task": "pronoun", "task_args": _PRONOUN_TASK, "model": "RecurrentModel",
+                    "model_args": {"vocab_size": 44, "num_classes": 44, "d_hidden": 160,
+                                   "kind": "gru", "d_embed": 32},
+                    "steps": 1500, "batch": 64, "lr": 3e-3, "seed": 0},
     "text": {"task": "text", "task_args": {"n": 96, "held_out": 0.1}, "model": "TinyTransformer",
              "model_args": {"vocab_size": None, "d_model": 96, "num_heads": 4, "num_layers": 3,
                             "max_len": 256},
@@ -147,7 +147,7 @@ def record(name: str, folder: Path = DATA) -> dict:
     """The JSON record shipped with model `name`."""
     path = Path(folder) / f"ch10_{name}.json"
     if name not in SPECS:
-        raise ValueError(f"name should be one of {sorted(SPECS)}, got {name!r}")
+        raise ValueError(f"name must be one of {sorted(SPECS)}, got {name!r}")
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: make it with "
                                 f"`python -m course_lib.stacking.pretrained {name}`")

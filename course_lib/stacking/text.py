@@ -12,9 +12,9 @@ import string
 
 import torch
 
-from course_lib.stacking.induction import induction_score, previous_token_score
+from course_lib.stacking.induction import previous_token_score
 
-DELIMITERS = frozenset(" \n\t" + string.punctuation + "“”‘’—–…")
+DELIMITERS = frozenset(" \n\t" + string.punctuation + "“”‘’—–…")  # where words end
 
 
 def corpus_text() -> str:
@@ -71,18 +71,42 @@ def text_batch(ids: torch.Tensor, generator: torch.Generator, batch: int = 32,
 
 def repeated_random(generator: torch.Generator, vocab_ids: torch.Tensor, batch: int = 32,
                     segment: int = 24) -> torch.Tensor:
-    """(batch, 2 * segment): random characters, then the same ones again, for an induction test
-    (the second half can be predicted only by finding where the first half said it)."""
+    """(batch, 2 * segment): random characters, then the same ones again."""
     pick = vocab_ids[torch.randint(0, len(vocab_ids), (batch, segment), generator=generator)]
     return torch.cat([pick, pick], dim=1)
 
 
+def repeated_text(ids: torch.Tensor, generator: torch.Generator, batch: int = 32,
+                  segment: int = 40) -> torch.Tensor:
+    """(batch, 2 * segment): a random stretch of real text, then the same stretch again. In the
+    second copy the next character can be read off the first: an induction head does that."""
+    start = torch.randint(0, len(ids) - segment, (batch,), generator=generator)
+    stretch = ids[start[:, None] + torch.arange(segment)]  # (B, segment)
+    return torch.cat([stretch, stretch], dim=1)
+
+
+def repeat_score(weights: torch.Tensor, segment: int) -> torch.Tensor:
+    """On sequences made of a segment twice: mean weight from the second copy's j-th token onto
+    the FIRST copy's (j+1)-th, the token after "the earlier occurrence of me":
+    (B, heads, 2 * segment, 2 * segment) -> (heads,)."""
+    q = torch.arange(segment, 2 * segment - 1)  # queries in the second copy (not the last)
+    return weights[:, :, q, q - segment + 1].mean(dim=(0, 2))
+
+
 def delimiter_score(weights: torch.Tensor, tokens: torch.Tensor,
                     delimiter_ids: torch.Tensor) -> torch.Tensor:
-    """Attention mass each head puts on spaces, newlines and punctuation: (B, heads, n, n) ->
-    (heads,). (About a fifth of the characters are delimiters: attending anywhere scores ~0.2.)"""
-    on = torch.isin(tokens, delimiter_ids.to(tokens.device)).to(weights.dtype)  # (B, n)
-    return (weights * on[:, None, None, :]).sum(-1).mean(dim=(0, 2))  # (heads,)
+    """Mean weight on the latest space, newline or punctuation mark BEFORE each query (where the
+    current word began): (B, heads, n, n), tokens (B, n) -> (heads,). Queries with no delimiter
+    before them do not count."""
+    n = tokens.shape[1]
+    pos = torch.arange(n, device=tokens.device)
+    is_delim = torch.isin(tokens, delimiter_ids.to(tokens.device))  # (B, n)
+    latest = torch.where(is_delim, pos, torch.full_like(pos, -1)).cummax(dim=1).values  # <= i
+    before = torch.cat([torch.full_like(latest[:, :1], -1), latest[:, :-1]], dim=1)  # < i
+    has = before >= 0
+    index = before.clamp(min=0)[:, None, :, None].expand(-1, weights.shape[1], -1, 1)
+    on = weights.gather(3, index)[..., 0]  # (B, heads, n)
+    return on.transpose(0, 1)[:, has].mean(dim=-1)  # (heads,)
 
 
 def current_token_score(weights: torch.Tensor) -> torch.Tensor:
@@ -100,8 +124,9 @@ def head_jobs(model, tokenizer: CharTokenizer, text_tokens: torch.Tensor,
     score reaches `threshold`, else "no clear job".
 
     text_tokens (B, n): windows of real text (previous token, current token, delimiter);
-    repeated_tokens (B, 2m): random characters repeated (induction). One dict per head:
-    {"layer", "head", "job", and a score per job}.
+    repeated_tokens (B, 2m): a stretch of text twice (`repeated_text`, for induction). One dict
+    per head: {"layer", "head", "job", and a score per job}. Each score is the mean weight on
+    ONE position per query, so a head that spreads its attention scores low on all of them.
     """
     model.eval()
     model(text_tokens)
@@ -114,7 +139,7 @@ def head_jobs(model, tokenizer: CharTokenizer, text_tokens: torch.Tensor,
         scores = {"previous token": previous_token_score(w),
                   "current token": current_token_score(w),
                   "delimiter": delimiter_score(w, text_tokens, delims),
-                  "induction": induction_score(r, repeated_tokens)}
+                  "induction": repeat_score(r, repeated_tokens.shape[1] // 2)}
         for head in range(w.shape[1]):
             row = {"layer": layer, "head": head, **{job: float(scores[job][head]) for job in JOBS}}
             best = max(JOBS, key=lambda job: row[job])
