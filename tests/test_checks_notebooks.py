@@ -15,7 +15,7 @@ from course_lib.checks._protocol import all_checks
 from course_tools.exercises import student_version
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAPTERS = [f"{n:02d}" for n in range(1, 9)]
+CHAPTERS = [f"{n:02d}" for n in range(1, 10)]
 SOLUTIONS = {nn: next((ROOT / "solutions").glob(f"{nn}_*.ipynb")) for nn in CHAPTERS}
 CHECKS = [c for c in all_checks() if c.id[2:4] in CHAPTERS]
 

@@ -1,0 +1,165 @@
+"""Chapter 09's checkers pass right answers, name the planted and the usual mistakes, and turn
+every generic wrong answer into feedback."""
+
+import math
+
+import nbformat
+import pytest
+import torch
+from checker_cases import assert_feedback, generic_wrong_answers
+
+from course_lib.attention import grouped_query_attention as course_gqa
+from course_lib.checks import CheckFailure
+from course_lib.checks import ch09 as check
+from course_lib.linear_attention import feature_map, linear_attention_recurrent
+from course_tools.exercises import hints as notebook_hints
+
+
+def _softmax_attention(q, k, v, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v
+
+
+def gqa_ok(q, k, v):
+    r = q.shape[1] // k.shape[1]
+    return _softmax_attention(q, k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1))
+
+
+def gqa_tiled_heads(q, k, v):            # head i reads K/V head i % g
+    r = q.shape[1] // k.shape[1]
+    return _softmax_attention(q, k.repeat(1, r, 1, 1), v.repeat(1, r, 1, 1))
+
+
+def gqa_unscaled(q, k, v):
+    r = q.shape[1] // k.shape[1]
+    return _softmax_attention(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1), scale=1.0)
+
+
+def gqa_kv_heads_out(q, k, v):           # returns one output per KV head
+    return _softmax_attention(q[:, :k.shape[1]], k, v)
+
+
+def _recurrence(q, k, v, read_first=False, eps=0.0, causal=True):
+    fq, fk = feature_map(q), feature_map(k)
+    state = torch.zeros(q.shape[1], v.shape[1], dtype=q.dtype)
+    z = torch.zeros(q.shape[1], dtype=q.dtype)
+    if not causal:
+        state, z = fk.T @ v, fk.sum(0)
+    outs = []
+    for i in range(q.shape[0]):
+        if read_first:
+            outs.append((fq[i] @ state) / (fq[i] @ z + eps))
+        if causal:
+            state = state + torch.outer(fk[i], v[i])
+            z = z + fk[i]
+        if not read_first:
+            outs.append((fq[i] @ state) / (fq[i] @ z))
+    return torch.stack(outs)
+
+
+def recurrence_ok(q, k, v):
+    return _recurrence(q, k, v)
+
+
+# CORRECT, GENERIC_WRONG and REFERENCE_CALLS are run by tests/test_checks_generic.py
+CORRECT = [
+    (check.grouped_query_attention, gqa_ok),
+    (check.grouped_query_attention, lambda q, k, v: (gqa_ok(q, k, v), None)),
+    (check.linear_recurrence, recurrence_ok),
+    (check.linear_recurrence, lambda q, k, v: recurrence_ok(q, k, v).numpy()),
+]
+GENERIC_WRONG = generic_wrong_answers("think about it")
+REFERENCE_CALLS = [
+    (check.grouped_query_attention, lambda q, k, v: course_gqa(q, k, v)[0]),
+    (check.linear_recurrence, lambda q, k, v: linear_attention_recurrent(q, k, v)),
+]
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (gqa_tiled_heads, "reads K/V head i % g"),
+    (gqa_unscaled, "without the 1/√d scale"),
+    (gqa_kv_heads_out, "one output per QUERY head"),
+    (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+     "calls the course's own"),
+])
+def test_gqa_mistakes_are_named(wrong, words):
+    assert_feedback(check.grouped_query_attention, wrong, words)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda q, k, v: _recurrence(q, k, v, read_first=True), "first output row is NaN"),
+    (lambda q, k, v: _recurrence(q, k, v, read_first=True, eps=1e-300), "ignores token i itself"),
+    (lambda q, k, v: _recurrence(q, k, v, causal=False), "later ones included"),
+    (lambda q, k, v: torch.tril(feature_map(q) @ feature_map(k).T) @ v, "not divided by"),
+    (lambda q, k, v: recurrence_ok(q, k, v)[:-1], "has shape"),
+])
+def test_recurrence_mistakes_are_named(wrong, words):
+    assert_feedback(check.linear_recurrence, wrong, words)
+
+
+def test_the_lecture_buggy_recurrence_is_caught():
+    source = nbformat.read("solutions/09_paying_less.ipynb", as_version=4)
+    given = next(c.source for c in source.cells if c.get("id") == "sol09-06")
+    namespace = {"torch": torch, "feature_map": feature_map,
+                 "linear_attention": lambda *a, **k: torch.zeros(3, 1)}
+    exec(given.split("\n\ng = ")[0], namespace)
+    assert_feedback(check.linear_recurrence, namespace["buggy_recurrence"], "NaN")
+
+
+@pytest.mark.parametrize("prediction", [6144, 6144.0, 6000, 6500])
+def test_good_predictions_pass(prediction, capsys):
+    check.predicted_crossover(prediction)
+    assert "6144" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("prediction, words", [
+    (4096, "MLP's 16nd² alone"), (2048, "counts only part"), (1024, "counts only part"),
+    (100, "too low"), (1e6, "too high"), (None, "None"), ("6144", "positive number"),
+    (-5, "positive number"), (math.nan, "positive number"), (True, "positive number"),
+])
+def test_bad_predictions_are_explained(prediction, words):
+    assert_feedback(check.predicted_crossover, prediction, words)
+
+
+@pytest.mark.parametrize("reach, beyond", [(4, 0.12), (3, 0.2), (4.0, 0.1)])
+def test_measured_reach_passes(reach, beyond, capsys):
+    check.window_reach(reach, beyond)
+    assert capsys.readouterr().out.startswith("✔ window_reach")
+
+
+@pytest.mark.parametrize("reach, beyond, words", [
+    (5, 0.12, "one of them is the question"), (10, 0.12, "cannot see further"),
+    (1, 0.12, "cannot see further"), (4, 0.9, "near chance"), (None, 0.1, "None"),
+    (4.5, 0.1, "whole number"), (4, 1.5, "between 0 and 1"), ("4", 0.1, "whole number"),
+])
+def test_wrong_reach_is_explained(reach, beyond, words):
+    assert_feedback(lambda value: check.window_reach(*value), (reach, beyond), words)
+
+
+def test_hints_tier_one_names_the_idea_and_matches_the_notebook():
+    source = nbformat.read("solutions/09_paying_less.ipynb", as_version=4)
+    in_notebook = notebook_hints(source)
+    for c in (check.grouped_query_attention, check.linear_recurrence, check.predicted_crossover,
+              check.window_reach):
+        assert len(c.hints) >= 3 and "solutions/09" in c.hints[-1]
+        assert c.hints[0] in in_notebook
+        code_like = ("(", "=", "@", "torch", "repeat")
+        assert not any(token in c.hints[0] for token in code_like), c.hints[0]
+
+
+def test_first_failure_appends_the_first_hint():
+    from course_lib.checks import _protocol
+
+    _protocol._FAILED.discard(check.predicted_crossover.id)
+    with pytest.raises(CheckFailure) as info:
+        check.predicted_crossover(100)
+    assert check.predicted_crossover.hints[0] in str(info.value)
+
+
+@pytest.mark.parametrize("seed", [1, 7, 123])
+def test_hidden_cases_pass_right_answers_for_any_seed(seed):
+    pairs = ((check.grouped_query_attention, gqa_ok), (check.linear_recurrence, recurrence_ok))
+    for c, fn in pairs:
+        cases = c.cases(seed, True)
+        outcomes = [{"ok": c.run(fn, case)} for case in cases]
+        assert "equal" in c.judge(cases, outcomes)
