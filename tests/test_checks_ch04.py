@@ -33,6 +33,7 @@ def masked_softmax_ok(scores, mask):
 
 # Right answers (the reference, then other forms a learner may write); each must pass.
 CORRECT = [
+    (check.causal_attention, lambda q, k, v: causal_attention_ok(q, k, v)),
     (check.causal_mask, causal_ok),
     (check.padding_mask, padding_ok),
     (check.to_additive, additive_ok),
@@ -52,6 +53,8 @@ GENERIC_WRONG = [
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
+    (check.causal_attention, lambda q, k, v: attention.scaled_dot_product_attention(
+        q, k, v, mask=masks.causal_mask(q.shape[-2]))),
     (check.causal_mask, lambda n: masks.causal_mask(n)),
     (check.padding_mask, lambda lengths, n: masks.padding_mask(lengths, n)),
     (check.masked_softmax, lambda s, m: attention.softmax(s.masked_fill(~m, float("-inf")))),
@@ -107,3 +110,79 @@ def test_wrong_additive(wrong, words):
 def test_wrong_masked_softmax(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.masked_softmax(wrong)
+
+
+def causal_attention_ok(q, k, v):
+    n = q.shape[-2]
+    blocked = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(blocked, float("-inf"))
+    w = torch.softmax(s, -1)
+    return w @ v, w
+
+
+def causal_attention_diagonal(diagonal):
+    def attend(q, k, v):
+        n = q.shape[-2]
+        blocked = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=diagonal)
+        s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(blocked, float("-inf"))
+        w = torch.softmax(s, -1)
+        return w @ v, w
+    return attend
+
+
+def test_causal_attention_passes_and_is_in_the_generic_lists(capsys):
+    check.causal_attention(causal_attention_ok)
+    check.causal_attention(lambda q, k, v: causal_attention_ok(q.float(), k.float(), v.float()))
+    assert capsys.readouterr().out.count("✔") == 2
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (causal_attention_diagonal(2), "still off by one diagonal"),
+    (causal_attention_diagonal(0), "hides each token from itself"),
+    (lambda q, k, v: causal_attention_ok(q, k, v)[1], "should return a pair"),
+    (lambda q, k, v: (causal_attention_ok(q, k, v)[0],
+                      causal_attention_ok(q, k, v)[1].transpose(-2, -1)), "wrong way round"),
+    (lambda q, k, v: (lambda w: (w @ v, w))(torch.softmax(q @ k.transpose(-2, -1), -1)),
+     "differs"),
+])
+def test_wrong_causal_attention(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.causal_attention(wrong)
+
+
+def test_the_planted_off_by_one_is_named_on_hidden_cases():
+    from course_lib.checks._protocol import decode, encode, run_cases
+    cases = check.causal_attention.cases(5, True)
+    outcomes = run_cases(check.causal_attention, (causal_attention_diagonal(2),),
+                         decode(encode(cases)))
+    with pytest.raises(CheckFailure, match="still off by one diagonal"):
+        check.causal_attention.judge(cases, outcomes)
+
+
+def _leaks(per_row_of_seven=False, replace=False, dtype=torch.float64):
+    s = check.soft_mask_scores().to(dtype)
+    blocked = torch.triu(torch.ones(8, 8, dtype=torch.bool), diagonal=1)
+    out = {}
+    for m in (5, 10, 30):
+        w = torch.softmax(s.masked_fill(blocked, -m) if replace else s - m * blocked, -1)
+        rows = (w * blocked).sum(-1)
+        out[m] = (rows[:-1].mean() if per_row_of_seven else rows.mean()).item()
+    return out
+
+
+def test_soft_mask_measurement(capsys):
+    check.soft_mask_experiment(_leaks())
+    check.soft_mask_experiment(_leaks(dtype=torch.float32))
+    assert capsys.readouterr().out.count("dwarfs the spread") == 2
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (None, "is None"),
+    (_leaks(per_row_of_seven=True), "averages over the 7 rows"),
+    ({5: 0.0, 10: 0.0, 30: 0.0}, "did you mask with -inf"),
+    (_leaks(replace=True), "subtract 5 from"),
+    ({5: 0.2, 10: 0.01}, "no entry for 30"),
+])
+def test_wrong_soft_mask_measurements(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.soft_mask_experiment(wrong)

@@ -3,6 +3,8 @@ masked softmax that gives exact zeros and no NaN."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import course_lib.attention as attention
@@ -10,8 +12,10 @@ import course_lib.masks as masks
 from course_lib.attention import softmax as _softmax
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._values import read_numbers
 
-__all__ = ["causal_mask", "padding_mask", "to_additive", "masked_softmax", "hint"]
+__all__ = ["causal_mask", "padding_mask", "to_additive", "masked_softmax", "causal_attention",
+           "soft_mask_experiment", "hint"]
 
 SOLUTION = "solutions/04_masking.ipynb"
 
@@ -236,4 +240,141 @@ masked_softmax = Check(
         f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
     grade_ids=("ch04_masked_softmax_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 5 (debug)
+
+def _causal_reference(q, k, v, diagonal: int = 1):
+    """Attention with keys j >= i + diagonal blocked (diagonal=1 is causal; 2 is the planted
+    bug, one future key leaking; 0 also hides each token from itself)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    blocked = torch.triu(torch.ones(n_q, n_k, dtype=torch.bool), diagonal=diagonal)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(blocked,
+                                                                          float("-inf"))
+    w = torch.softmax(scores, dim=-1)
+    return w @ v, w
+
+
+def _causal_attention_cases(seed: int, hidden: bool) -> list:
+    g = _generator(5, seed)
+    shapes = [((6, 4), 3), ((2, 5, 8), 2), ((3, 2, 7, 4), 4)] + ([((1, 2), 1), ((9, 16), 5)]
+                                                                 if hidden else [])
+    cases = []
+    for qk, d_v in shapes:
+        f = {"dtype": torch.float64, "generator": g}
+        cases.append({"q": torch.randn(*qk, **f), "k": torch.randn(*qk, **f),
+                      "v": torch.randn(*qk[:-1], d_v, **f)})
+    return cases
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-7, rtol=1e-6,
+                                                      equal_nan=True))
+
+
+def _causal_attention_judge(cases: list, outcomes: list) -> str:
+    for case, result in each(cases, outcomes):
+        q, k, v = case["q"], case["k"], case["v"]
+        n = q.shape[-2]
+        if not (isinstance(result, tuple) and len(result) == 2):
+            fail(f"causal_attention should return a pair (out, weights) of shapes (..., n, d_v) "
+                 f"and (..., n, n); it returned a {type(result).__name__}.")
+        out, weights = result
+        want_out, want_w = _causal_reference(q, k, v)
+        w = to_tensor(weights, "the weights of causal_attention", dtype=torch.float64)
+        expect_shape(w, want_w.shape, "the weights of causal_attention")
+        if n > 1 and _same(w, _causal_reference(q, k, v, diagonal=2)[1]):
+            fail("still off by one diagonal: query i also reads key i + 1, one token of the "
+                 "future (the leak test shows it: change only token j and the output of query "
+                 "j - 1 moves). The blocked keys start right after the diagonal.")
+        if _same(w, _causal_reference(q, k, v, diagonal=0)[1]) or (
+                not bool(torch.isfinite(w).all()) and n > 0):
+            fail("your mask now also hides each token from itself: query 0 has no key left "
+                 "and its weights come out NaN. Key j = i is allowed; only j > i is the future.")
+        past = torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1)
+        if n > 1 and bool((w[..., past] == 0).all()) and bool((w[..., past.T] > 0).all()):
+            fail("your weights are zero on the past and positive on the future: the mask is the "
+                 "wrong way round (or the weights are transposed). Query i reads keys 0..i.")
+        expect_close(w, want_w, "the weights of causal_attention", atol=1e-7, rtol=1e-6,
+                     hint="Row i is query i's softmax over keys 0..i, with exact zeros after i.")
+        expect_close(out, want_out, "the output of causal_attention", atol=1e-7, rtol=1e-6,
+                     hint="out = weights @ v.")
+    return "causal_attention: no query reads a later key; the off-by-one is fixed."
+
+
+causal_attention = Check(
+    id="ch04.causal_attention",
+    cases=_causal_attention_cases,
+    run=lambda fn, case: call(fn, case["q"], case["k"], case["v"], name="causal_attention"),
+    judge=_causal_attention_judge,
+    forbid=((masks, "causal_mask"), (attention, "scaled_dot_product_attention"),
+            (torch.nn.functional, "scaled_dot_product_attention")),
+    hints=(
+        "Run a leak test: change only one token's key and value and see which queries' outputs "
+        "move. A query that moves read something from its future.",
+        "The leak test points at the boundary between allowed and blocked keys. Write down, for "
+        "n = 4, which (query, key) pairs the given mask blocks and which it should block.",
+        "Block exactly the keys j > i: torch.triu(ones, diagonal=1) is the blocked set (or use "
+        "your causal_mask from exercise 1 and mask where it is False).",
+        f"The worked answer is exercise 5 of {SOLUTION}.",
+    ),
+    grade_ids=("ch04_causal_attention_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 6 (experiment)
+
+SOFT_MASK_PENALTIES = (5, 10, 30)
+
+
+def soft_mask_scores() -> torch.Tensor:
+    """The (8, 8) scores of exercise 6: seeded, standard deviation 3, float64."""
+    return 3 * torch.randn(8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+
+
+def _leaked(penalty: float, rows_with_blocked_only: bool = False) -> float:
+    s = soft_mask_scores()
+    blocked = torch.triu(torch.ones(8, 8, dtype=torch.bool), diagonal=1)
+    w = torch.softmax(s - penalty * blocked, dim=-1)
+    per_row = (w * blocked).sum(-1)
+    return float(per_row[:-1].mean() if rows_with_blocked_only else per_row.mean())
+
+
+def _soft_mask_judge(cases: list, outcomes: list) -> str:
+    (_, got), = each(cases, outcomes)
+    measured = read_numbers(got, "leaked", SOFT_MASK_PENALTIES)
+    for m in SOFT_MASK_PENALTIES:
+        want, x = _leaked(m), measured[m]
+        if abs(x - want) <= 1e-4 * want + 1e-12:
+            continue
+        if abs(x - _leaked(m, rows_with_blocked_only=True)) <= 1e-4 * want + 1e-12:
+            fail(f"leaked[{m}] = {x:.4g} averages over the 7 rows that have a blocked key; the "
+                 "measurement averages over all 8 rows (the last row leaks 0).")
+        if x == 0:
+            fail(f"leaked[{m}] is 0: did you mask with -inf? Subtract the penalty {m} from the "
+                 "blocked scores instead, and measure what still reaches the future.")
+        fail(f"leaked[{m}] = {x:.4g}, but the measurement gives {want:.4g}: subtract {m} from "
+             "the scores of the keys j > i, softmax each row, add up each row's weight on those "
+             "keys, and average over the 8 rows.")
+    return (f"leaked: {measured[5]:.3f} of each row's weight reaches the future at a penalty of "
+            f"5, {measured[10]:.1e} at 10 and {measured[30]:.0e} at 30: a soft mask only hides "
+            "the future when its penalty dwarfs the spread of the scores.")
+
+
+soft_mask_experiment = Check(
+    id="ch04.soft_mask_experiment",
+    cases=lambda seed, hidden: [None],
+    run=lambda value, case: value,
+    judge=_soft_mask_judge,
+    hints=(
+        "Mask softly instead of with -inf: push the blocked scores down by a finite amount and "
+        "measure how much weight still lands on them.",
+        "For each penalty, subtract it from the blocked scores only (keys after the query), take "
+        "the softmax of each row, and add up the weights on the blocked keys; average the 8 rows.",
+        "leaked[m] = (softmax(scores - m * blocked) * blocked).sum(-1).mean() with blocked = "
+        "triu(ones(8, 8, bool), diagonal=1).",
+        f"The worked answer is exercise 6 of {SOLUTION}.",
+    ),
+    grade_ids=("ch04_soft_mask_test",),
 )
