@@ -15,18 +15,27 @@ from course_lib.checks import ch08 as check
 
 def update_ok(m, l, scores):
     m_new = torch.maximum(m, scores.amax(dim=1))
+    safe = torch.where(m_new == -math.inf, 0.0, m_new)
+    return m_new, l * torch.exp(m - safe) + torch.exp(scores - safe[:, None]).sum(dim=1)
+
+
+def update_nan_when_masked(m, l, scores):
+    """The chapter's plain update: right until a row has seen only -inf."""
+    m_new = torch.maximum(m, scores.amax(dim=1))
     return m_new, l * torch.exp(m - m_new) + torch.exp(scores - m_new[:, None]).sum(dim=1)
 
 
 def update_numpy(m, l, scores):
     m, l, s = m.numpy(), l.numpy(), scores.numpy()
     m_new = np.maximum(m, s.max(axis=1))
-    return m_new, l * np.exp(m - m_new) + np.exp(s - m_new[:, None]).sum(axis=1)
+    safe = np.where(np.isneginf(m_new), 0.0, m_new)
+    return m_new, l * np.exp(m - safe) + np.exp(s - safe[:, None]).sum(axis=1)
 
 
 def update_no_rescale(m, l, scores):
     m_new = torch.maximum(m, scores.amax(dim=1))
-    return m_new, l + torch.exp(scores - m_new[:, None]).sum(dim=1)
+    safe = torch.where(m_new == -math.inf, 0.0, m_new)
+    return m_new, l + torch.exp(scores - safe[:, None]).sum(dim=1)
 
 
 def update_unstable(m, l, scores):
@@ -34,45 +43,75 @@ def update_unstable(m, l, scores):
     return m_new, (l * torch.exp(m) + torch.exp(scores).sum(dim=1)) / torch.exp(m_new)
 
 
-def tiled_ok(q, k, v, block_size):
-    scale = q.shape[-1] ** -0.5
-    out = torch.empty(q.shape[0], v.shape[1], dtype=q.dtype)
-    for i in range(0, q.shape[0], block_size):
-        qb = q[i:i + block_size] * scale
-        m = torch.full((qb.shape[0],), -math.inf, dtype=q.dtype)
-        l = torch.zeros(qb.shape[0], dtype=q.dtype)
-        acc = torch.zeros(qb.shape[0], v.shape[1], dtype=q.dtype)
-        for j in range(0, k.shape[0], block_size):
-            s = qb @ k[j:j + block_size].T
+def causal_ok(q, k, v, block_size, skip=True, mask=True):
+    n, d = q.shape
+    out = torch.empty(n, v.shape[1], dtype=q.dtype)
+    for i in range(0, n, block_size):
+        rows = torch.arange(i, min(i + block_size, n))
+        qb = q[rows] * d ** -0.5
+        m = torch.full((len(rows),), -math.inf, dtype=q.dtype)
+        l = torch.zeros(len(rows), dtype=q.dtype)
+        acc = torch.zeros(len(rows), v.shape[1], dtype=q.dtype)
+        for j in range(0, int(rows[-1]) + 1 if skip else n, block_size):
+            cols = torch.arange(j, min(j + block_size, n))
+            s = qb @ k[cols].T
+            if mask:
+                s = s.masked_fill(cols[None, :] > rows[:, None], -math.inf)
             m_new = torch.maximum(m, s.amax(dim=1))
             p, alpha = torch.exp(s - m_new[:, None]), torch.exp(m - m_new)
             l = l * alpha + p.sum(dim=1)
-            acc = acc * alpha[:, None] + p @ v[j:j + block_size]
+            acc = acc * alpha[:, None] + p @ v[cols]
             m = m_new
-        out[i:i + block_size] = acc / l[:, None]
+        out[rows] = acc / l[:, None]
     return out
 
 
-def tiled_full_grid(q, k, v, block_size):
-    return torch.softmax(q @ k.T / math.sqrt(q.shape[1]), dim=-1) @ v
+def causal_full_grid(q, k, v, block_size):
+    n = q.shape[0]
+    s = (q @ k.T / math.sqrt(q.shape[1])).masked_fill(~torch.ones(n, n).tril().bool(), -math.inf)
+    return torch.softmax(s, dim=-1) @ v
 
 
-def tiled_drops_tail(q, k, v, block_size):
-    n = (k.shape[0] // block_size) * block_size
-    return tiled_ok(q, k[:n], v[:n], block_size)
+def causal_no_skip(q, k, v, block_size):
+    return causal_ok(q, k, v, block_size, skip=False)
 
 
-def tiled_no_scale(q, k, v, block_size):
-    return tiled_ok(q * math.sqrt(q.shape[1]), k, v, block_size)
+def causal_no_mask(q, k, v, block_size):
+    return causal_ok(q, k, v, block_size, skip=False, mask=False)
+
+
+def backward_ok(q, k, v, o, lse, do, block_size, delta=True, scale=True):
+    c = q.shape[1] ** -0.5
+    d = (do * o).sum(1, keepdim=True) if delta else 0
+    dq, dk, dv = torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)
+    for j in range(0, k.shape[0], block_size):
+        sl = slice(j, j + block_size)
+        p = torch.exp(c * q @ k[sl].T - lse[:, None])
+        dv[sl] = p.T @ do
+        ds = p * (do @ v[sl].T - d)
+        cc = c if scale else 1.0
+        dk[sl], dq = cc * ds.T @ q, dq + cc * ds @ k[sl]
+    return dq, dk, dv
+
+
+def backward_full_grid(q, k, v, o, lse, do, block_size):
+    return backward_ok(q, k, v, o, lse, do, k.shape[0])
+
+
+def backward_autograd(q, k, v, o, lse, do, block_size):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), do)
 
 
 # Right answers (the reference, then other forms a learner may write); each must pass.
 CORRECT = [
     (check.online_update, update_ok),
-    (check.tiled_forward, tiled_ok),
+    (check.causal_tiled, causal_ok),
+    (check.flash_backward, backward_ok),
     (check.online_update, update_numpy),
-    (check.tiled_forward, lambda q, k, v, b: (tiled_ok(q, k, v, b), None)),
-    (check.tiled_forward, lambda q, k, v, b: tiled_ok(q, k, v, b).numpy()),
+    (check.causal_tiled, lambda q, k, v, b: (causal_ok(q, k, v, b), None)),
+    (check.causal_tiled, lambda q, k, v, b: causal_ok(q, k, v, b).numpy()),
+    (check.flash_backward, lambda *a: [g.numpy() for g in backward_ok(*a)]),
 ]
 
 # Wrong answers every checker of this chapter must survive, with the words the feedback
@@ -85,13 +124,16 @@ GENERIC_WRONG = [
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
-    (check.tiled_forward, lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v)),
+    (check.causal_tiled, lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v,
+                                                                           is_causal=True)),
+    (check.flash_backward, backward_autograd),
 ]
 
 
 @pytest.mark.parametrize("wrong, words", [
+    (update_nan_when_masked, "ALL -inf"),
     (update_no_rescale, "without rescaling"),
-    (update_unstable, "overflows"),
+    (update_unstable, "overflows|ALL -inf"),
     (lambda m, l, s: (s.amax(dim=1), l + torch.exp(s - s.amax(dim=1, keepdim=True)).sum(1)),
      "m_new|without rescaling"),  # both mistakes at once: the first case met names one
     (lambda m, l, s: (torch.maximum(m, s.amax(0)[:m.shape[0]]), l), "m_new"),
@@ -105,14 +147,51 @@ def test_wrong_online_update(wrong, words):
 
 
 @pytest.mark.parametrize("wrong, words", [
-    (tiled_full_grid, "score grid"),
-    (tiled_drops_tail, "shorter tile"),
-    (tiled_no_scale, "1/√d"),
-    (lambda q, k, v, b: tiled_ok(q, k, v, b)[:, :1], "shape"),
+    (causal_full_grid, "score grid"),
+    (causal_no_skip, "computes the tiles above the diagonal"),
+    (causal_no_mask, "WITHOUT the causal mask"),
+    (lambda q, k, v, b: causal_ok(q * math.sqrt(q.shape[1]), k, v, b), "differs"),
+    (lambda q, k, v, b: causal_ok(q, k, v, b)[:, :1], "shape"),
 ])
-def test_wrong_tiled_forward(wrong, words):
+def test_wrong_causal_tiled(wrong, words):
     with pytest.raises(CheckFailure, match=words):
-        check.tiled_forward(wrong)
+        check.causal_tiled(wrong)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda *a: backward_ok(*a, delta=False), "correction term"),
+    (lambda *a: backward_ok(*a, scale=False), "sqrt\\(d\\) times too large"),
+    (backward_full_grid, "never|grid"),
+    (lambda *a: backward_ok(*a)[:2], "triple"),
+    (lambda *a: (backward_ok(*a)[0], backward_ok(*a)[2], backward_ok(*a)[1]), "shape|dv"),
+])
+def test_wrong_flash_backward(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check.flash_backward(wrong)
+
+
+def test_causal_fraction_prediction_and_measurement(capsys):
+    assert check.measured_fraction() == 36 / 64
+    check.causal_fraction(0.56)
+    check.measured_causal_fraction(torch.tensor(0.5625))
+    assert capsys.readouterr().out.count("✔") == 2
+
+
+@pytest.mark.parametrize("checker, got, words", [
+    (check.causal_fraction, 0.5, "ENTIRELY in the future"),
+    (check.causal_fraction, 0.9, "you predicted 0.900"),
+    (check.causal_fraction, 1.5, "outside"),
+    (check.causal_fraction, None, "None"),
+    (check.causal_fraction, "half", "should be a fraction"),
+    (check.measured_causal_fraction, 1.0, "both runs were non-causal"),
+    (check.measured_causal_fraction, 0.5, "formula"),
+    (check.measured_causal_fraction, 64 / 36, "upside down"),
+    (check.measured_causal_fraction, 0.7, "exactly those sizes"),
+    (check.measured_causal_fraction, float("nan"), "finite"),
+])
+def test_causal_fraction_wrong_values_are_explained(checker, got, words):
+    with pytest.raises(CheckFailure, match=words):
+        checker(got)
 
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="no Triton")
@@ -147,6 +226,46 @@ def step_blank(acc, l_i, m_i, qk, v):
 @triton.jit
 def step_pair(acc, l_i, m_i, qk, v):
     return acc, l_i
+
+@triton.jit
+def step_given(acc, l_i, m_i, qk, v):
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.exp(qk - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc + tl.dot(p, v)
+    return acc, l_i, m_new
+
+@triton.jit
+def softmax_ok(X, Y, stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=-float("inf"))
+    e = tl.exp(x - tl.max(x, 0))
+    tl.store(Y + row * stride + cols, e / tl.sum(e, 0), mask=cols < n_cols)
+
+@triton.jit
+def softmax_pad_zero(X, Y, stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=0.0)
+    e = tl.exp(x - tl.max(x, 0))
+    tl.store(Y + row * stride + cols, e / tl.sum(e, 0), mask=cols < n_cols)
+
+@triton.jit
+def softmax_unstable(X, Y, stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    e = tl.exp(tl.load(X + row * stride + cols, mask=cols < n_cols, other=-float("inf")))
+    tl.store(Y + row * stride + cols, e / tl.sum(e, 0), mask=cols < n_cols)
+
+def launcher(kernel):
+    def row_softmax(x):
+        y = torch.empty_like(x)
+        kernel[(x.shape[0],)](x, y, x.stride(0), x.shape[1],
+                              BLOCK=triton.next_power_of_2(x.shape[1]))
+        return y
+    return row_softmax
 '''
 
 
@@ -162,10 +281,14 @@ def tl_steps():
     if not flash.interpreter_ready():
         pytest.skip("triton was imported compiled (GPU) earlier in this process; the exercise "
                     "check needs it imported in interpreter mode")
-    namespace = {"triton": triton, "tl": tl}   # Triton looks `tl` up in the function's globals
+    namespace = {"triton": triton, "tl": tl, "torch": torch}  # Triton looks `tl` up in globals
     exec(STEPS, namespace)
-    names = ("ok", "no_rescale", "unstable", "blank", "pair")
-    return {name: namespace[f"step_{name}"] for name in names}
+    names = ("ok", "no_rescale", "unstable", "blank", "pair", "given")
+    found = {name: namespace[f"step_{name}"] for name in names}
+    for name in ("ok", "pad_zero", "unstable"):
+        kernel = namespace[f"softmax_{name}"]
+        found[f"softmax_{name}"] = (kernel, namespace["launcher"](kernel))
+    return found
 
 
 @needs_triton
@@ -176,7 +299,8 @@ def test_triton_step_right_answer_passes(tl_steps, capsys):
 
 @needs_triton
 @pytest.mark.parametrize("name, words", [
-    ("no_rescale", "differs"),
+    ("no_rescale", "still the planted bug|differs"),
+    ("given", "still the planted bug"),
     ("unstable", "inf/NaN"),
     ("blank", r"not written yet. Hint: rescale by alpha"),
     ("pair", "raised"),
@@ -197,4 +321,31 @@ def test_triton_step_not_a_kernel_function(wrong, words):
 def test_triton_step_skips_cleanly_without_triton(monkeypatch, capsys):
     monkeypatch.setattr(check.flash, "triton_available", lambda: False)
     check.triton_inner_step(None)
+    assert "skipped" in capsys.readouterr().out
+
+
+@needs_triton
+def test_row_softmax_right_answer_passes(tl_steps, capsys):
+    check.row_softmax(*tl_steps["softmax_ok"])
+    assert capsys.readouterr().out.startswith("✔")
+
+
+@needs_triton
+def test_row_softmax_wrong_answers(tl_steps):
+    kernel, _ = tl_steps["softmax_ok"]
+    for answer, words in [
+        (tl_steps["softmax_pad_zero"], "loaded as 0"),
+        (tl_steps["softmax_unstable"], "subtract each row's max"),
+        ((kernel, lambda x: torch.exp(x) / torch.exp(x).sum(1, keepdim=True)), "never launched"),
+        ((kernel, lambda x: torch.softmax(x, -1)), "calls the course's own"),
+        ((None, None), "is None"),
+        ((update_ok, update_ok), "decorate it with @triton.jit"),
+    ]:
+        with pytest.raises(CheckFailure, match=words):
+            check.row_softmax(*answer)
+
+
+def test_row_softmax_skips_cleanly_without_triton(monkeypatch, capsys):
+    monkeypatch.setattr(check.flash, "triton_available", lambda: False)
+    check.row_softmax(None, None)
     assert "skipped" in capsys.readouterr().out

@@ -1,21 +1,26 @@
-"""Checkers for exercises/08_efficient_kernel.ipynb: the online-softmax update, the tiled
-forward pass in torch, and the inner step of a Triton kernel (run through Triton's interpreter)."""
+"""Checkers for exercises/08_efficient_kernel.ipynb: the online-softmax update that survives a
+fully masked tile (build), causal tiled attention (build), predicting and measuring what causal
+tiling saves (predict, experiment), the Triton step with a rescale forgotten (debug, in
+`_ch08_kernels`), a whole Triton row-softmax kernel (build, in `_ch08_kernels`), and the
+FlashAttention backward pass in plain torch (build, in `_ch08_backward`)."""
 
 from __future__ import annotations
 
 import math
-import re
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 import course_lib.flash as flash
 import course_lib.flash.tiled as tiled
+from course_lib.checks._answers import number
+from course_lib.checks._ch08_backward import flash_backward
+from course_lib.checks._ch08_kernels import row_softmax, triton_inner_step
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._protocol import Check, each, hint, value
 
-__all__ = ["online_update", "tiled_forward", "triton_inner_step", "hint"]
+__all__ = ["online_update", "causal_tiled", "causal_fraction", "measured_causal_fraction",
+           "triton_inner_step", "row_softmax", "flash_backward", "hint"]
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
 
@@ -37,7 +42,8 @@ def _pair(result, name: str, what: str):
 
 def _reference_update(m, l, tile):
     m_new = torch.maximum(m, tile.amax(dim=1))
-    return m_new, l * torch.exp(m - m_new) + torch.exp(tile - m_new[:, None]).sum(dim=1)
+    safe = torch.where(m_new == -math.inf, 0.0, m_new)  # a row that has seen only -inf so far
+    return m_new, l * torch.exp(m - safe) + torch.exp(tile - safe[:, None]).sum(dim=1)
 
 
 def _update_cases(seed: int, hidden: bool) -> list:
@@ -45,10 +51,15 @@ def _update_cases(seed: int, hidden: bool) -> list:
     g = _generator(1, seed)
     rows_of_scores = [torch.randn(3, 12, generator=g, dtype=torch.float64) * 2,
                       torch.randn(2, 10, generator=g, dtype=torch.float64) * 1e4]  # huge logits
+    masked = torch.randn(3, 12, generator=g, dtype=torch.float64)
+    masked[0, :4] = -math.inf   # row 0: a fully masked FIRST tile (it has seen nothing yet)
+    masked[1, 4:8] = -math.inf  # row 1: a fully masked tile after a visible one
+    masked[2, :] = -math.inf    # row 2: every key masked (a padding row)
+    rows_of_scores.append(masked)
     if hidden:
-        masked = torch.randn(2, 12, generator=g, dtype=torch.float64)
-        masked[:, 4:8] = -math.inf  # a fully masked tile after a visible one
-        rows_of_scores += [masked, torch.randn(1, 3, generator=g, dtype=torch.float64)]
+        late = torch.randn(2, 12, generator=g, dtype=torch.float64)
+        late[:, :8] = -math.inf
+        rows_of_scores += [late, torch.randn(1, 3, generator=g, dtype=torch.float64)]
     cases = []
     for scores in rows_of_scores:
         rows, n = scores.shape
@@ -73,6 +84,11 @@ def _update_judge(cases: list, outcomes: list) -> str:
         expect_shape(m_got, (rows,), "m_new", "One running max per row: reduce over the tile's "
                      "key axis (dim=1).")
         expect_shape(l_got, (rows,), "l_new", "One running sum per row: reduce over dim=1.")
+        nothing_seen = m_want == -math.inf
+        if (torch.isnan(m_got[nothing_seen]).any() or torch.isnan(l_got[nothing_seen]).any()):
+            fail("a row whose scores so far are ALL -inf (a fully masked tile, nothing seen "
+                 "yet) gives NaN: exp(-inf - (-inf)) is exp(NaN). Such a row must stay at "
+                 "m = -inf, l = 0: subtract a finite stand-in for its max.")
         expect_close(m_got, m_want, "m_new", atol=0, rtol=1e-12,
                      hint="The new running max is the larger of the old max and this tile's "
                           "max.")
@@ -86,7 +102,8 @@ def _update_judge(cases: list, outcomes: list) -> str:
         expect_close(l_got, l_want, "l_new", atol=1e-12, rtol=1e-9,
                      hint="After the update, l_new · exp(m_new) must be the sum of exp over every "
                           "score seen so far.")
-    return "online_update: after every tile, l·exp(m) is the sum of exp over all scores seen."
+    return ("online_update: after every tile, l·exp(m) is the sum of exp over all scores seen, "
+            "and a row that has seen only masked scores stays at m = -inf, l = 0 without NaN.")
 
 
 online_update = Check(
@@ -95,12 +112,16 @@ online_update = Check(
     run=lambda fn, case: call(fn, case["m"], case["l"], case["tile"], name="online_update"),
     judge=_update_judge,
     hints=(
-        "The running sum l was measured against the old running max m; when a new tile raises "
-        "the max, the old sum must be re-expressed against the new one before adding.",
+        "The running sum is kept relative to the running max, so growing the max means "
+        "re-expressing the old sum; and remember chapter 04: a row may have seen nothing but "
+        "masked scores so far.",
         "First take the new max over the old max and this tile's row max. Scale the old sum by "
         "the exponential of (old max - new max), then add the tile's exponentials taken "
         "relative to the new max.",
-        "m_new = max(m, rowmax(tile)); l_new = l · exp(m - m_new) + Σ_j exp(tile_j - m_new).",
+        "A row with m_new = -inf has seen only masked scores: exp(-inf - (-inf)) is NaN, so "
+        "subtract a finite stand-in there (0 does: every term is exp(-inf) = 0).",
+        "m_new = max(m, rowmax(tile)); safe = where(m_new == -inf, 0, m_new); "
+        "l_new = l · exp(m - safe) + Σ_j exp(tile_j - safe).",
         f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
     grade_ids=("ex08_online_update_test",),
@@ -112,196 +133,198 @@ online_update = Check(
 MEMORY_N, MEMORY_BLOCK = 512, 128
 
 
+def _causal_reference(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def _tiled_cases(seed: int, hidden: bool) -> list:
     g = _generator(2, seed)
-    shapes = [(16, 16, 8, 8, 8), (37, 50, 16, 12, 8), (5, 64, 8, 8, 16), (33, 33, 4, 4, 32)]
-    shapes += [(1, 1, 4, 3, 8), (70, 20, 8, 8, 64)] if hidden else []
-    cases = [{"q": torch.randn(n_q, d, generator=g, dtype=torch.float64),
-              "k": torch.randn(n_k, d, generator=g, dtype=torch.float64),
-              "v": torch.randn(n_k, d_v, generator=g, dtype=torch.float64),
-              "block_size": block, "memory": False} for n_q, n_k, d, d_v, block in shapes]
+    shapes = [(16, 8, 8, 8), (50, 16, 12, 8), (64, 8, 8, 16), (33, 4, 4, 32)]
+    shapes += [(1, 4, 3, 8), (70, 8, 8, 64), (20, 8, 8, 64)] if hidden else []
+    cases = [{"q": torch.randn(n, d, generator=g, dtype=torch.float64),
+              "k": torch.randn(n, d, generator=g, dtype=torch.float64),
+              "v": torch.randn(n, d_v, generator=g, dtype=torch.float64),
+              "block_size": block, "measure": None} for n, d, d_v, block in shapes]
     q, k, v = (torch.randn(MEMORY_N, 16, generator=g) for _ in range(3))
-    return cases + [{"q": q, "k": k, "v": v, "block_size": MEMORY_BLOCK, "memory": True}]
+    return cases + [{"q": q, "k": k, "v": v, "block_size": MEMORY_BLOCK, "measure": "memory"},
+                    {"q": q, "k": k, "v": v, "block_size": MEMORY_BLOCK, "measure": "flops"}]
 
 
 def _tiled_run(fn, case):
     args = (case["q"], case["k"], case["v"], case["block_size"])
-    if not case["memory"]:
-        return call(fn, *args, name="tiled_forward")
-    from course_lib.measure import peak_bytes
-
+    if case["measure"] is None:
+        return call(fn, *args, name="causal_tiled")
     box = []
-    peak = peak_bytes(lambda: box.append(call(fn, *args, name="tiled_forward")))
-    return {"peak": peak, "out": box[0] if box else None}
+    if case["measure"] == "memory":
+        from course_lib.measure import peak_bytes
+
+        peak = peak_bytes(lambda: box.append(call(fn, *args, name="causal_tiled")))
+        return {"peak": peak, "out": box[0] if box else None}
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        out = call(fn, *args, name="causal_tiled")
+    return {"flops": counter.get_total_flops(), "out": out}
 
 
 def _tiled_judge(cases: list, outcomes: list) -> str:
-    peak = None
+    peak = flops = None
     for case, got in each(cases, outcomes):
         q, k, v, block = case["q"], case["k"], case["v"], case["block_size"]
-        if case["memory"]:
+        if case["measure"] is not None:
             if not isinstance(got, dict):
-                fail("the memory measurement of tiled_forward came back malformed.")
-            peak, got = got.get("peak"), got.get("out")
+                fail("the measurement of causal_tiled came back malformed.")
+            peak, flops = got.get("peak", peak), got.get("flops", flops)
+            got = got.get("out")
         if isinstance(got, tuple) and len(got) == 2:
             got = got[0]  # (out, logsumexp) is fine too
-        want = F.scaled_dot_product_attention(q, k, v)
-        t = to_tensor(got, "tiled_forward(q, k, v, block_size)", dtype=want.dtype)
+        want = _causal_reference(q, k, v)
+        t = to_tensor(got, "causal_tiled(q, k, v, block_size)", dtype=want.dtype)
         expect_shape(t, want.shape, "the output",
                      f"One row per query and d_v = {v.shape[1]} columns (the width of v).")
-        if k.shape[0] > 1 and torch.allclose(t, F.scaled_dot_product_attention(q, k, v, scale=1.0)):
-            fail("your output matches attention without the 1/√d scale: scale the scores by "
-                 "d ** -0.5.")
         tol = 1e-9 if want.dtype == torch.float64 else 1e-5
+        if q.shape[0] > 1 and torch.allclose(t, F.scaled_dot_product_attention(q, k, v),
+                                             atol=tol, rtol=tol * 100):
+            fail("your output is attention WITHOUT the causal mask: query i must see keys "
+                 "0..i only.")
         expect_close(t, want, "the output", atol=tol, rtol=tol * 100,
-                     hint="Keep a running max, sum and output per query row; rescale the sum "
-                          "and the output whenever the max grows, and divide at the end. "
-                          f"(Case: n_q={q.shape[0]}, n_k={k.shape[0]}, block_size={block}: is "
-                          "the last, shorter tile included?)")
+                     hint="Query i may see keys 0..i: skip key blocks that start after the query "
+                          "block ends and mask the scores above the diagonal inside the block "
+                          f"that straddles it. (Case: n={q.shape[0]}, block_size={block}.)")
     grid = MEMORY_N * MEMORY_N * 4
-    if not isinstance(peak, int) or isinstance(peak, bool):
-        fail("the memory measurement of tiled_forward came back malformed.")
+    if not isinstance(peak, int) or isinstance(peak, bool) or \
+            not isinstance(flops, int) or isinstance(flops, bool):
+        fail("the measurement of causal_tiled came back malformed.")
     if peak >= grid / 2:
         fail(f"with n = {MEMORY_N} and block_size = {MEMORY_BLOCK}, your function had "
              f"{peak / 2**20:.2f} MiB allocated at its peak, about the size of the full "
              f"{MEMORY_N}x{MEMORY_N} score grid ({grid / 2**20:.2f} MiB): compute scores one "
              "(block x block) tile at a time.")
-    return (f"tiled_forward: matches SDPA on ragged sizes, and its peak memory "
-            f"({peak / 2**20:.2f} MiB at n = {MEMORY_N}) stays well below the "
-            f"{grid / 2**20:.0f} MiB score grid.")
+    full = _flops(MEMORY_N, 16, MEMORY_BLOCK, causal=False)
+    if flops > 0.8 * full:
+        fail(f"your function spends {flops:,} FLOPs at n = {MEMORY_N}, as much as the full grid "
+             f"({full:,}): it computes the tiles above the diagonal and throws them away. Skip "
+             "every key block that starts after the query block ends.")
+    return (f"causal_tiled: matches causal SDPA on ragged sizes, skips the future tiles "
+            f"({flops / full:.2f} of the full FLOPs at n = {MEMORY_N}) and peaks at "
+            f"{peak / 2**20:.2f} MiB, well below the {grid / 2**20:.0f} MiB score grid.")
 
 
-tiled_forward = Check(
-    id="ch08.tiled_forward",
+causal_tiled = Check(
+    id="ch08.causal_tiled",
     cases=_tiled_cases,
     run=_tiled_run,
     judge=_tiled_judge,
     forbid=((F, "scaled_dot_product_attention"), (flash, "tiled_attention"),
             (flash, "naive_attention"), (tiled, "tiled_attention"), (tiled, "naive_attention")),
     hints=(
-        "Never hold all n x n scores at once: walk over blocks of keys and keep, for every "
-        "query, just enough running state to finish the softmax at the end.",
-        "For each block of queries keep a running max, a running sum and a running output. For "
-        "each block of keys: score the tile, update the max, rescale the sum and the output by "
-        "how much the max grew, add the tile's part. Divide once at the very end; the last "
-        "block may be shorter.",
-        "Per key tile: s = q_blk kᵀ / sqrt(d); m_new = max(m, rowmax s); α = exp(m - m_new); "
-        "p = exp(s - m_new); l = l α + rowsum p; acc = acc α + p v; out = acc / l.",
+        "With a causal mask, whole tiles of the score grid lie in the future of every query in "
+        "their block: never compute those, and mask only the tile the diagonal cuts through.",
+        "For a query block starting at i, the key blocks starting at j <= i + block - 1 hold "
+        "something it may see; of those, only blocks reaching past i need a mask (key > query "
+        "-> -inf). Every row sees at least its own key, so no row is ever fully masked.",
+        "for j in range(0, i + len(q_blk), block): s = q_blk k_jᵀ / sqrt(d); where key index "
+        "> query index: s = -inf; then the online update of m, l, acc as in chapter 08.",
         f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ex08_tiled_forward_test",),
+    grade_ids=("ex08_causal_tiled_test",),
 )
 
 
-# ---------------------------------------------------------------- exercise 3: Triton
+# ---------------------------------------------------------------- exercises 3 and 4
 
-NO_TRITON = "triton-not-installed"
-
-
-def _inner_step_kernel():
-    """The exercise kernel (course_lib/flash/exercise_kernel.py), defined for the interpreter."""
-    import importlib
-
-    flash.prepare_triton(interpret=True, quiet=True)
-    return importlib.import_module("course_lib.flash.exercise_kernel").one_block_attention
+FRACTION_N, FRACTION_D, FRACTION_BLOCK = 1024, 64, 128
 
 
-def _not_written_hint(error: BaseException) -> str | None:
-    chain, seen = [error], set()
-    while chain:
-        e = chain.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, NotImplementedError):
-            return str(e)
-        chain += [x for x in (e.__cause__, e.__context__) if x is not None]
-    found = re.search(r"NotImplementedError\(\\?['\"](.*?)\\?['\"]\)", repr(error))
-    if found:
-        return found.group(1)
-    return "" if "NotImplementedError" in repr(error) else None
+def _flops(n: int, d: int, block: int, causal: bool) -> int:
+    """FLOPs of the course's tiled_attention (one head) at this size."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q = k = v = torch.zeros(1, n, d)
+    with FlopCounterMode(display=False) as counter:
+        tiled.tiled_attention(q, k, v, causal=causal, block_size=block)
+    return counter.get_total_flops()
 
 
-def _triton_cases(seed: int, hidden: bool) -> list:
-    g = _generator(3, seed)
-    sizes = [(32, 64, 16, 1.0), (64, 128, 32, 1.0), (32, 64, 16, 60.0)]  # the last: huge logits
-    sizes += [(48, 32, 16, 1.0), (16, 16, 16, 30.0)] if hidden else []
-    return [{"q": torch.randn(n_q, d, generator=g) * spread, "k": torch.randn(n_k, d, generator=g),
-             "v": torch.randn(n_k, d, generator=g), "spread": spread}
-            for n_q, n_k, d, spread in sizes]
+def measured_fraction() -> float:
+    """FLOPs of causal tiled attention over those of the full grid, at the exercise's size."""
+    args = (FRACTION_N, FRACTION_D, FRACTION_BLOCK)
+    return _flops(*args, causal=True) / _flops(*args, causal=False)
 
 
-def _triton_run(fn, case):
-    """Launch the exercise kernel with the learner's step (type checks only; no judging)."""
-    if not flash.triton_available():
-        return NO_TRITON
-    if fn is None:
-        fail("`attn_inner_step` is None: define it in the cell above and run that cell first.")
-    kind = type(fn).__name__
-    if kind not in ("InterpretedFunction", "JITFunction"):
-        fail(f"`attn_inner_step` should be a Triton function (decorate it with @triton.jit); "
-             f"got a {kind}.")
-    if kind == "JITFunction":
-        fail("`attn_inner_step` was compiled for a GPU, but this check runs Triton's "
-             "interpreter: run the notebook's set-up cell (prepare_triton(interpret=True)) "
-             "before defining it.")
-    kernel = _inner_step_kernel()
-    if not flash.interpreter_ready():
-        fail("Triton was imported before its interpreter was switched on, so this check cannot "
-             "run your function: restart the kernel and run the set-up cell "
-             "(prepare_triton(interpret=True)) before anything imports triton.")
-    q, k, v = case["q"], case["k"], case["v"]
-    n_q, d = q.shape
-    out = torch.empty(n_q, d)
-    try:
-        with np.errstate(all="ignore"):  # an unstable answer's overflow is reported by the judge
-            kernel[(n_q // 16,)](q, k, v, out, k.shape[0], d ** -0.5, STEP=fn, BLOCK_M=16,
-                                 BLOCK_N=16, D=d)
-    except Exception as e:  # noqa: BLE001 - any learner error becomes feedback
-        hint_text = _not_written_hint(e)
-        if hint_text is not None:
-            fail("`attn_inner_step` (or a function it calls) is not written yet"
-                 + (f". Hint: {hint_text}" if hint_text else "."))
-        message = str(e).strip().splitlines()[-1][:300] if str(e).strip() else ""
-        fail(f"running the kernel with your `attn_inner_step` raised {type(e).__name__}: "
-             f"{message}. It must return the triple (acc, l_i, m_i) with the same shapes it got.")
-    return out
+def _why(measured: float) -> str:
+    t = FRACTION_N // FRACTION_BLOCK
+    return (f"of the {t} x {t} = {t * t} tiles, the {t * (t - 1) // 2} above the diagonal are "
+            f"skipped and the {t} diagonal ones are computed whole (masked inside), so "
+            f"{t * (t + 1) // 2} of {t * t} = {measured:.4f} of the work remains: a little more "
+            "than half, closer to half the smaller the tiles.")
 
 
-def _triton_judge(cases: list, outcomes: list) -> str:
-    for case, out in each(cases, outcomes):
-        if isinstance(out, str) and out == NO_TRITON:
-            if flash.triton_available():
-                fail("the notebook's kernel has no Triton, so exercise 3 could not run there.")
-            return ("triton_inner_step: skipped, Triton is not installed here (it ships for Linux "
-                    "only); the other exercises still count.")
-        q, k, v = case["q"], case["k"], case["v"]
-        want = F.scaled_dot_product_attention(q, k, v)
-        t = to_tensor(out, "the kernel's output", dtype=torch.float32)
-        expect_shape(t, want.shape, "the kernel's output")
-        if case["spread"] > 1 and not torch.isfinite(t).all():
-            fail("with large scores the kernel's output has inf/NaN: exponentiate each score "
-                 "minus the NEW running max, never the raw score.")
-        expect_close(t, want, "the kernel's output", atol=2e-4, rtol=2e-4,
-                     hint="After every key block, l_i · exp(m_i) must be the sum of exp over the "
-                          "scores seen so far, and acc the matching weighted sum of values.")
-    return "triton_inner_step: the kernel built on your step matches SDPA, large scores included."
+def _fraction_judge(cases: list, outcomes: list) -> str:
+    got = number(value(outcomes[0], "predicted_fraction"), "predicted_fraction", 0, 1,
+                 "a fraction between 0 and 1")
+    measured = measured_fraction()
+    gap = f"you predicted {got:.3f}, the count gives {measured:.4f}"
+    if abs(got - measured) <= 0.03:
+        return f"causal_fraction: {gap}. Right: {_why(measured)}"
+    if abs(got - 0.5) < 0.01:
+        fail(f"{gap}. One half is the masked part of the n x n grid, but tiles are skipped only "
+             f"when they are ENTIRELY in the future: {_why(measured)}")
+    fail(f"{gap}: {_why(measured)}")
 
 
-triton_inner_step = Check(
-    id="ch08.triton_inner_step",
-    cases=_triton_cases,
-    run=_triton_run,
-    judge=_triton_judge,
+causal_fraction = Check(
+    id="ch08.causal_fraction",
+    cases=lambda seed, hidden: [None],
+    run=lambda prediction, case: prediction,
+    judge=_fraction_judge,
     hints=(
-        "It is exercise 1's update once more, now inside a Triton kernel and for the output "
-        "too: when the running max grows, everything accumulated so far is rescaled.",
-        "From the block's scores qk: new max per row; the probabilities relative to it; the "
-        "factor exp(old max - new max); rescale l_i and acc by that factor, then add the row "
-        "sums of p and p times v. tl.max, tl.exp, tl.sum and tl.dot work on whole blocks.",
-        "m_new = tl.maximum(m_i, tl.max(qk, 1)); p = tl.exp(qk - m_new[:, None]); "
-        "α = tl.exp(m_i - m_new); l_i = l_i·α + tl.sum(p, 1); acc = acc·α[:, None] + tl.dot(p, v).",
+        "Draw the grid of tiles and shade the ones a causal query block must still compute: "
+        "the mask works inside a tile, skipping works on whole tiles.",
+        f"At n = {FRACTION_N} and block {FRACTION_BLOCK} there are 8 x 8 tiles. Count the "
+        "tiles strictly above the diagonal (skipped) and the diagonal ones (computed whole).",
+        "fraction = (tiles below the diagonal + diagonal tiles) / all tiles = T (T + 1) / 2 / T^2 "
+        "with T = n / block.",
         f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ex08_triton_inner_step_test",),
+    grade_ids=("ex08_causal_fraction_test",),
+)
+
+
+def _measured_judge(cases: list, outcomes: list) -> str:
+    got = number(value(outcomes[0], "causal_over_full"), "causal_over_full", 0, 10,
+                 "a number (causal FLOPs / full FLOPs)")
+    measured = measured_fraction()
+    if abs(got - measured) <= 0.005:
+        return (f"measured_causal_fraction: {got:.4f} of the full FLOPs, as FlopCounterMode "
+                "counts them: the diagonal tiles are the price of skipping whole tiles.")
+    if abs(got - 1) < 0.005:
+        fail(f"causal_over_full = {got:.4f}: both counts are the same, so both runs were "
+             "non-causal (or both causal). Pass causal=True to one of them.")
+    if abs(got - 0.5) < 0.005:
+        fail("causal_over_full = 0.5 is the formula for the masked grid, not a measurement: "
+             "count the FLOPs of both calls with FlopCounterMode and divide.")
+    if abs(got - 1 / measured) <= 0.02:
+        fail(f"causal_over_full = {got:.4f} is upside down: divide the causal count by the full "
+             "one.")
+    fail(f"causal_over_full = {got:.4f}, but counting tiled_attention's FLOPs at n = "
+         f"{FRACTION_N}, d = {FRACTION_D}, block_size = {FRACTION_BLOCK} gives a different "
+         "fraction: use exactly those sizes, one head, the same inputs for both calls.")
+
+
+measured_causal_fraction = Check(
+    id="ch08.measured_causal_fraction",
+    cases=lambda seed, hidden: [None],
+    run=lambda measured, case: measured,
+    judge=_measured_judge,
+    hints=(
+        "Let PyTorch count for you: run the course's tiled attention once with the causal mask "
+        "and once without, inside a FLOP counter, and compare the two totals.",
+        "torch.utils.flop_counter.FlopCounterMode(display=False) is a context manager; "
+        "get_total_flops() after the block gives the count. Use course_lib.flash.tiled_attention.",
+        "with FlopCounterMode(display=False) as c: tiled_attention(q, k, v, causal=True, "
+        "block_size=128); the same with causal=False; divide the first total by the second.",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
+    ),
+    grade_ids=("ex08_measured_fraction_test",),
 )

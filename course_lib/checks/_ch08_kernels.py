@@ -1,0 +1,259 @@
+"""Chapter 08's Triton exercises, run through Triton's interpreter so they work on any Linux
+machine, GPU or not: the inner step of the attention kernel with its rescale forgotten (debug),
+and a whole row-softmax kernel with its launch (build). Re-exported by `course_lib.checks.ch08`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import course_lib.flash as flash
+from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._protocol import Check, each
+
+SOLUTION = "solutions/08_efficient_kernel.ipynb"
+NO_TRITON = "triton-not-installed"
+SKIPPED = ("skipped, Triton is not installed here (it ships for Linux only); the other "
+           "exercises still count.")
+
+
+def _generator(exercise: int, seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
+
+
+def _not_written_hint(error: BaseException) -> str | None:
+    chain, seen = [error], set()
+    while chain:
+        e = chain.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, NotImplementedError):
+            return str(e)
+        chain += [x for x in (e.__cause__, e.__context__) if x is not None]
+    found = re.search(r"NotImplementedError\(\\?['\"](.*?)\\?['\"]\)", repr(error))
+    if found:
+        return found.group(1)
+    return "" if "NotImplementedError" in repr(error) else None
+
+
+def _interpreted(fn, name: str) -> None:
+    """Fail with words unless `fn` is a Triton function this process can interpret."""
+    if fn is None:
+        fail(f"`{name}` is None: define it in the cell above and run that cell first.")
+    kind = type(fn).__name__
+    if kind not in ("InterpretedFunction", "JITFunction"):
+        fail(f"`{name}` should be a Triton function (decorate it with @triton.jit); "
+             f"got a {kind}.")
+    if kind == "JITFunction":
+        fail(f"`{name}` was compiled for a GPU, but this check runs Triton's interpreter: run "
+             "the notebook's set-up cell (prepare_triton(interpret=True)) before defining it.")
+
+
+def _launch_failed(e: Exception, name: str, what: str):
+    hint_text = _not_written_hint(e)
+    if hint_text is not None:
+        fail(f"`{name}` (or a function it calls) is not written yet"
+             + (f". Hint: {hint_text}" if hint_text else "."))
+    message = str(e).strip().splitlines()[-1][:300] if str(e).strip() else ""
+    fail(f"running the kernel with your `{name}` raised {type(e).__name__}: {message}. {what}")
+
+
+# ------------------------------------------------------------- the inner step (debug)
+
+def _inner_step_kernel():
+    """The exercise kernel (course_lib/flash/exercise_kernel.py), defined for the interpreter."""
+    import importlib
+
+    flash.prepare_triton(interpret=True, quiet=True)
+    return importlib.import_module("course_lib.flash.exercise_kernel").one_block_attention
+
+
+def _step_cases(seed: int, hidden: bool) -> list:
+    g = _generator(5, seed)
+    sizes = [(32, 64, 16, 1.0), (64, 128, 32, 1.0), (32, 64, 16, 60.0)]  # the last: huge logits
+    sizes += [(48, 32, 16, 1.0), (16, 16, 16, 30.0)] if hidden else []
+    return [{"q": torch.randn(n_q, d, generator=g) * spread, "k": torch.randn(n_k, d, generator=g),
+             "v": torch.randn(n_k, d, generator=g), "spread": spread}
+            for n_q, n_k, d, spread in sizes]
+
+
+def _step_run(fn, case):
+    """Launch the exercise kernel with the learner's step (type checks only; no judging)."""
+    if not flash.triton_available():
+        return NO_TRITON
+    _interpreted(fn, "attn_inner_step")
+    kernel = _inner_step_kernel()
+    if not flash.interpreter_ready():
+        fail("Triton was imported before its interpreter was switched on, so this check cannot "
+             "run your function: restart the kernel and run the set-up cell "
+             "(prepare_triton(interpret=True)) before anything imports triton.")
+    q, k, v = case["q"], case["k"], case["v"]
+    n_q, d = q.shape
+    out = torch.empty(n_q, d)
+    try:
+        with np.errstate(all="ignore"):  # an unstable answer's overflow is reported by the judge
+            kernel[(n_q // 16,)](q, k, v, out, k.shape[0], d ** -0.5, STEP=fn, BLOCK_M=16,
+                                 BLOCK_N=16, D=d)
+    except Exception as e:  # noqa: BLE001 - any learner error becomes feedback
+        _launch_failed(e, "attn_inner_step", "It must return the triple (acc, l_i, m_i) with "
+                       "the same shapes it got.")
+    return out
+
+
+def _forgot_acc_rescale(q, k, v, block: int = 16) -> torch.Tensor:
+    """What the kernel returns when the step rescales l_i but not acc (the planted bug)."""
+    s = (q.double() @ k.double().T) * q.shape[1] ** -0.5
+    m = torch.full((q.shape[0],), -torch.inf, dtype=torch.float64)
+    l = torch.zeros(q.shape[0], dtype=torch.float64)
+    acc = torch.zeros(q.shape[0], v.shape[1], dtype=torch.float64)
+    for j in range(0, k.shape[0], block):
+        tile = s[:, j:j + block]
+        m_new = torch.maximum(m, tile.amax(1))
+        p = torch.exp(tile - m_new[:, None])
+        l = l * torch.exp(m - m_new) + p.sum(1)
+        acc = acc + p @ v[j:j + block].double()
+        m = m_new
+    return (acc / l[:, None]).float()
+
+
+def _step_judge(cases: list, outcomes: list) -> str:
+    for case, out in each(cases, outcomes):
+        if isinstance(out, str) and out == NO_TRITON:
+            if flash.triton_available():
+                fail("the notebook's kernel has no Triton, so this exercise could not run there.")
+            return f"triton_inner_step: {SKIPPED}"
+        q, k, v = case["q"], case["k"], case["v"]
+        want = F.scaled_dot_product_attention(q, k, v)
+        t = to_tensor(out, "the kernel's output", dtype=torch.float32)
+        expect_shape(t, want.shape, "the kernel's output")
+        if case["spread"] > 1 and not torch.isfinite(t).all():
+            fail("with large scores the kernel's output has inf/NaN: exponentiate each score "
+                 "minus the NEW running max, never the raw score.")
+        if torch.allclose(t, _forgot_acc_rescale(q, k, v), atol=2e-4, rtol=2e-4) and \
+                not torch.allclose(want, _forgot_acc_rescale(q, k, v), atol=2e-4, rtol=2e-4):
+            fail("still the planted bug: the running sum l_i is rescaled when the max grows, but "
+                 "the running output acc is not, so earlier key blocks keep weights measured "
+                 "against an old, smaller max and count too much.")
+        expect_close(t, want, "the kernel's output", atol=2e-4, rtol=2e-4,
+                     hint="After every key block, l_i · exp(m_i) must be the sum of exp over the "
+                          "scores seen so far, and acc the matching weighted sum of values.")
+    return ("triton_inner_step: the kernel built on your step matches SDPA, large scores included "
+            "(acc and l_i are rescaled together).")
+
+
+triton_inner_step = Check(
+    id="ch08.triton_inner_step",
+    cases=_step_cases,
+    run=_step_run,
+    judge=_step_judge,
+    hints=(
+        "Two running quantities are measured against the running max; when the max grows, ask "
+        "which of them the given step brings up to date and which it forgets.",
+        "Run the given step's kernel on keys whose scores grow from block to block: the output "
+        "leans towards the early blocks. Whatever l_i is multiplied by, acc needs too.",
+        "acc = acc · α[:, None] + tl.dot(p, v), with α = tl.exp(m_i - m_new), the factor "
+        "l_i already gets.",
+        f"The worked answer is exercise 5 of {SOLUTION}.",
+    ),
+    grade_ids=("ex08_triton_inner_step_test",),
+)
+
+
+# ------------------------------------------------------------- the row softmax (build)
+
+def _softmax_cases(seed: int, hidden: bool) -> list:
+    g = _generator(6, seed)
+    shapes = [(4, 16, 1.0), (5, 37, 1.0), (3, 100, 1.0), (6, 20, 1e3)]  # the last: huge logits
+    shapes += [(1, 1, 1.0), (7, 129, 10.0)] if hidden else []
+    cases = [torch.randn(rows, cols, generator=g) * spread for rows, cols, spread in shapes]
+    masked = torch.randn(3, 24, generator=g)
+    masked[:, 18:] = -torch.inf  # padding at the end of each row (-inf scores)
+    return cases + [masked]
+
+
+def _softmax_run(kernel, fn, x):
+    if not flash.triton_available():
+        return NO_TRITON
+    _interpreted(kernel, "softmax_kernel")
+    flash.prepare_triton(interpret=True, quiet=True)
+    cls, launches = type(kernel), []
+    original = cls.__getitem__
+
+    def spy(self, grid):  # count the launches of the learner's kernel by row_softmax
+        if self is kernel:
+            launches.append(grid)
+        return original(self, grid)
+
+    cls.__getitem__ = spy
+    try:
+        with np.errstate(all="ignore"):
+            out = call(fn, x.clone(), name="row_softmax")
+    finally:
+        cls.__getitem__ = original
+    return {"out": out, "launches": len(launches)}
+
+
+def _softmax_judge(cases: list, outcomes: list) -> str:
+    for x, got in each(cases, outcomes):
+        if isinstance(got, str) and got == NO_TRITON:
+            if flash.triton_available():
+                fail("the notebook's kernel has no Triton, so this exercise could not run there.")
+            return f"row_softmax: {SKIPPED}"
+        if not isinstance(got, dict):
+            fail("the row_softmax check came back malformed.")
+        if not got.get("launches"):
+            fail("row_softmax never launched softmax_kernel: the work must happen in the kernel "
+                 "(kernel[grid](...)), one program per row.")
+        rows, cols = x.shape
+        want = torch.softmax(x, dim=-1)
+        t = to_tensor(got.get("out"), "row_softmax(x)", dtype=torch.float32)
+        expect_shape(t, want.shape, "row_softmax(x)", "One row of probabilities per input row.")
+        if not torch.isfinite(t).all():
+            fail(f"row_softmax gives inf/NaN on a ({rows}, {cols}) input with scores up to "
+                 f"{float(x[torch.isfinite(x)].abs().max()):.0f}: subtract each row's max "
+                 "before exponentiating.")
+        block = 1 << max(0, cols - 1).bit_length()
+        if block > cols:
+            padded = torch.softmax(torch.cat([x, torch.zeros(rows, block - cols)], 1), -1)
+            if torch.allclose(t, padded[:, :cols], atol=1e-5, rtol=1e-4) and \
+                    not torch.allclose(want, padded[:, :cols], atol=1e-5, rtol=1e-4):
+                fail(f"with {cols} columns in a block of {block}, the {block - cols} lanes past "
+                     "the end are loaded as 0 and join the sum: load them with other=-inf so "
+                     "exp sends them to 0.")
+        if torch.allclose(t.sum(0), torch.ones(cols), atol=1e-4) and rows > 1 and cols > 1:
+            fail("your columns sum to 1: the softmax must normalise each ROW.")
+        expect_close(t, want, "row_softmax(x)", atol=1e-5, rtol=1e-4,
+                     hint=f"(Case: {rows} rows of {cols} columns.) Each program loads one row, "
+                          "subtracts its max, exponentiates, divides by the sum and stores.")
+    return ("row_softmax: one program per row, masked loads and stores, stable for huge scores: "
+            "equal to torch.softmax through Triton's interpreter.")
+
+
+row_softmax = Check(
+    id="ch08.row_softmax",
+    cases=_softmax_cases,
+    run=_softmax_run,
+    judge=_softmax_judge,
+    forbid=((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
+            (torch, "log_softmax"), (F, "log_softmax")),
+    hints=(
+        "One program per row: each finds where its row starts, loads a whole row as one block "
+        "(a block is a power of two, a row need not be), does the stable softmax there and "
+        "writes the row back.",
+        "tl.program_id(0) is the row; the row's addresses are its start plus tl.arange(0, BLOCK); "
+        "lanes past the row's end must be masked on load (with -inf, so they vanish in exp) and "
+        "on store. Launch with a grid of one program per row, BLOCK = "
+        "triton.next_power_of_2(n_cols).",
+        "row = tl.program_id(0); cols = tl.arange(0, BLOCK); mask = cols < n_cols; "
+        "x = tl.load(X + row * stride + cols, mask=mask, other=-float('inf')); "
+        "e = tl.exp(x - tl.max(x, 0)); tl.store(Y + row * stride + cols, e / tl.sum(e, 0), "
+        "mask=mask); kernel[(n_rows,)](x, y, x.stride(0), n_cols, BLOCK=...).",
+        f"The worked answer is exercise 6 of {SOLUTION}.",
+    ),
+    grade_ids=("ex08_row_softmax_test",),
+)
