@@ -1,10 +1,12 @@
 """The flash kernels compiled for an H100/H200 (sm_90) on this CPU, without a GPU.
 
 Every configuration the autotuner may try (forward, dK/dV, dQ; causal and not; fp16, bf16, fp32;
-d = 16, 32, 64, 128) is compiled by `python -m course_lib.flash.compile_check` in a subprocess
-(Triton must not be in interpreter mode there), and each must fit sm_90's 227 KB of shared memory
-and keep its registers without spilling. Triton caches compiled kernels (~/.triton/cache), so
-only the first run after a kernel change compiles for real (a few minutes on two cores).
+d = 16, 32, 64, 128), each in its two variants (lengths a multiple of the blocks, and ragged
+lengths with masked loads), is compiled by `python -m course_lib.flash.compile_check` in a
+subprocess (Triton must not be in interpreter mode there): 336 compiles on two threads. Each must
+fit sm_90's 227 KB of shared memory and keep its registers without spilling. Triton caches
+compiled kernels (~/.triton/cache), so only the first run after a kernel change compiles for real
+(about 200 s of CPU time; later runs take seconds).
 """
 
 import importlib.util
@@ -62,15 +64,17 @@ def compiled(kernel_tables):
 
 def _name(row: dict) -> str:
     return (f"{row['kernel']} {row['dtype']} d={row['d']} causal={row['causal']} "
-            f"{row['BLOCK_M']}x{row['BLOCK_N']} w{row['warps']} s{row['stages']}")
+            f"even={row['even']} {row['BLOCK_M']}x{row['BLOCK_N']} w{row['warps']} "
+            f"s{row['stages']}")
 
 
 def test_every_kernel_dtype_and_head_dim_has_configs(kernel_tables, compiled):
     combos = {(n, t, d) for n, t, d, count in kernel_tables["combos"] if count >= 1}
     assert len(combos) == len(kernel_tables["combos"]) == 3 * 3 * 4
-    seen = {(r["kernel"], r["dtype"], r["d"], r["causal"]) for r in compiled}
-    assert seen == {(n, t, d, c) for n, t, d in combos for c in (False, True)}
-    want = sum(count for *_, count in kernel_tables["combos"]) * 2  # causal and not
+    seen = {(r["kernel"], r["dtype"], r["d"], r["causal"], r["even"]) for r in compiled}
+    assert seen == {(n, t, d, c, e) for n, t, d in combos for c in (False, True)
+                    for e in (True, False)}
+    want = sum(count for *_, count in kernel_tables["combos"]) * 4  # causal or not, ragged or not
     assert len(compiled) == want
 
 

@@ -35,7 +35,7 @@ POINTERS = {"fwd": ("Q", "K", "V", "Out"), "dkdv": ("Q", "K", "V", "DO", "DK", "
 
 
 def cases(kernel_module, every: bool = False, kernels=KERNEL_NAMES, dtypes=tuple(DTYPES),
-          dims=HEAD_DIMS, evens=(True,)):
+          dims=HEAD_DIMS, evens=(True, False)):
     """(kernel, dtype, d, causal, even, (BLOCK_M, BLOCK_N, warps, stages)) for every config the
     autotuner may try on sm_90 (`every=True`: every entry of every table, for exploring). even=False
     is the variant for lengths that are not a multiple of the blocks (masked loads)."""
@@ -167,8 +167,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", nargs="+", default=list(KERNEL_NAMES), choices=KERNEL_NAMES)
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--dims", nargs="+", type=int, default=list(HEAD_DIMS))
-    parser.add_argument("--ragged", action="store_true",
-                        help="also the variant for lengths that are not a multiple of the blocks")
+    parser.add_argument("--even-only", action="store_true",
+                        help="skip the variant for lengths that are not a multiple of the blocks")
     args = parser.parse_args(argv)
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("Triton was already imported in interpreter mode")
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         (lambda r: print(_line(r), flush=True))
     rows = compile_all(every=args.every, jobs=args.jobs, arch=args.arch, progress=emit,
                        kernels=args.kernels, dtypes=args.dtypes, dims=args.dims,
-                       evens=(True, False) if args.ragged else (True,))
+                       evens=(True,) if args.even_only else (True, False))
     if not args.json:
         print(f"{len(rows)} compiles for sm_{args.arch} in {time.perf_counter() - start:.1f} s")
     return 0
