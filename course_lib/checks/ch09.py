@@ -24,7 +24,8 @@ SOLUTIONS = "the worked answer is in solutions/09_paying_less.ipynb"
 
 def _gqa_cases(seed: int, hidden: bool) -> list:
     g = torch.Generator().manual_seed(900 + seed)
-    shapes = [(2, 8, 2, 7, 9, 4, 4), (1, 6, 3, 5, 5, 8, 3), (3, 4, 1, 6, 6, 2, 5)]  # B h g n_q n_k d dv
+    # (batch, h, g, n_q, n_k, d, d_v)
+    shapes = [(2, 8, 2, 7, 9, 4, 4), (1, 6, 3, 5, 5, 8, 3), (3, 4, 1, 6, 6, 2, 5)]
     if hidden:
         shapes += [(1, 4, 4, 3, 3, 5, 5), (2, 12, 4, 1, 11, 3, 2)]
     cases = []

@@ -9,7 +9,9 @@ window: causal attention restricted to the last W keys, one head, d = 64, float3
   SDPA + dense mask  torch's scaled_dot_product_attention given the same window as an (n, n)
                      boolean mask: it still scores all n² pairs, then throws most away.
 linear: causal attention by softmax (SDPA, is_causal), by linear attention's parallel form (the
-  masked n x n grid of φ(q)·φ(k)) and by its recurrent form (a (d, d_v) state, one token a step).
+  masked n x n grid of φ(q)·φ(k), measured up to n = 4096 only: at 8 heads its grid outgrows
+  memory) and by its recurrent form (a (d, d_v) state per head, one token a step), 8 heads: the
+  loop's cost per step hardly depends on the number of heads, softmax's grows with it.
 
 Each row: n, method, time_ms (best of a few, the methods taking turns), peak_mib (torch's
 profiler: the most memory allocated at once during the call, inputs excluded). The summary gives
@@ -34,6 +36,7 @@ from course_lib.measure import best_time, peak_bytes, set_threads
 SIZES = (1024, 2048, 4096, 8192, 16384)
 QUICK_SIZES = (256, 512, 1024, 2048)
 COLUMNS = ["n", "method", "time_ms", "peak_mib"]
+LINEAR_LIMITS = {"linear, parallel": 4096}  # its (8, n, n) grid: 512 MiB at n = 4096
 MiB = 2 ** 20
 
 
@@ -53,29 +56,33 @@ def linear_methods() -> dict:
             "linear, recurrent": lambda q, k, v, mask: linear_attention_recurrent(q, k, v)}
 
 
-def measure(methods: dict, sizes, d: int = 64, window: int | None = None, repeats: int = 3,
-            memory: bool = True, seed: int = 0, max_seconds: float = 2.0) -> list[dict]:
+def measure(methods: dict, sizes, d: int = 64, heads: int = 1, window: int | None = None,
+            repeats: int = 3, memory: bool = True, seed: int = 0, max_seconds: float = 2.0,
+            limits: dict | None = None) -> list[dict]:
     """Time (and peak memory) of every method at every n: one row per (n, method).
 
-    The methods take turns within each repeat, so a busy machine slows them alike; once a call
-    takes more than `max_seconds` that method is not repeated again at that n.
+    q, k, v: (1, heads, n, d) float32. The methods take turns within each repeat, so a busy
+    machine slows them alike; once a call takes more than `max_seconds` that method is not
+    repeated again at that n. limits: method name -> the largest n to run it at.
     """
     torch.manual_seed(seed)
+    limits = limits or {}
     rows = []
     for n in sizes:
-        q, k, v = (torch.randn(1, 1, n, d) for _ in range(3))      # (B=1, H=1, n, d)
+        q, k, v = (torch.randn(1, heads, n, d) for _ in range(3))  # (B=1, H, n, d)
         mask = sliding_window_mask(n, window) if window else None
-        for fn in methods.values():                                  # warm-up
+        todo = {name: fn for name, fn in methods.items() if n <= limits.get(name, n)}
+        for fn in todo.values():                                     # warm-up
             fn(q[..., :64, :], k[..., :64, :], v[..., :64, :],
                None if mask is None else mask[:64, :64])
-        times = dict.fromkeys(methods, math.inf)
+        times = dict.fromkeys(todo, math.inf)
         for _ in range(repeats):
-            for name, fn in methods.items():
+            for name, fn in todo.items():
                 if times[name] > max_seconds and times[name] < math.inf:
                     continue
                 times[name] = min(times[name], best_time(lambda: fn(q, k, v, mask),  # noqa: B023
                                                          repeats=1, warmup=0))
-        for name, fn in methods.items():
+        for name, fn in todo.items():
             peak = peak_bytes(lambda: fn(q, k, v, mask)) if memory else -1  # noqa: B023
             rows.append({"n": int(n), "method": name, "time_ms": 1e3 * times[name],
                          "peak_mib": peak / MiB if peak >= 0 else math.nan})
@@ -93,8 +100,8 @@ def growth_per_doubling(rows: list[dict], method: str, what: str = "time_ms") ->
 
 def crossover(rows: list[dict], cheap: str, costly: str) -> int | None:
     """The smallest measured n from which `cheap` is faster than `costly` at every larger n."""
-    ns = sorted({r["n"] for r in rows})
     t = {(r["n"], r["method"]): r["time_ms"] for r in rows}
+    ns = sorted(n for n in {r["n"] for r in rows} if (n, cheap) in t and (n, costly) in t)
     for i, n in enumerate(ns):
         if all(t[(m, cheap)] < t[(m, costly)] for m in ns[i:]):
             return n
@@ -136,8 +143,9 @@ def main(argv=None) -> int:
                           window=args.window, repeats=args.repeats)
     print(f"sliding window W = {args.window}, block {args.block_size}, one head, d = 64, fp32")
     print(format_table(window_rows, COLUMNS, markdown=args.markdown))
-    linear_rows = measure(linear_methods(), sizes, repeats=args.repeats, memory=False)
-    print("causal softmax vs linear attention, one head, d = d_v = 64, fp32")
+    linear_rows = measure(linear_methods(), sizes, heads=8, repeats=args.repeats, memory=False,
+                          limits=LINEAR_LIMITS)
+    print("causal softmax vs linear attention, 8 heads, d = d_v = 64, fp32")
     print(format_table(linear_rows, COLUMNS[:3], markdown=args.markdown))
     print(summary(window_rows, linear_rows))
     for r in window_rows:
