@@ -2,7 +2,6 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from checker_cases import generic_wrong_answers
@@ -10,23 +9,6 @@ from checker_cases import generic_wrong_answers
 from course_lib import position
 from course_lib.checks import CheckFailure
 from course_lib.checks import ch07 as check
-
-
-def sinusoidal_ok(n, d):
-    pe = torch.zeros(n, d)
-    pos = torch.arange(n, dtype=torch.float32)[:, None]
-    w = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
-    pe[:, 0::2] = torch.sin(pos * w)
-    pe[:, 1::2] = torch.cos(pos * w)
-    return pe
-
-
-def sinusoidal_numpy(n, d):
-    pos = np.arange(n)[:, None]
-    w = 10000.0 ** (-np.arange(0, d, 2) / d)
-    pe = np.zeros((n, d))
-    pe[:, 0::2], pe[:, 1::2] = np.sin(pos * w), np.cos(pos * w)
-    return pe
 
 
 def rope_ok(x, positions):
@@ -60,7 +42,6 @@ def bytes_ok(num_layers, num_heads, n, d_head, bytes_per_element, batch=1):
 
 # Right answers (the reference, then other forms a learner may write); each must pass.
 CORRECT = [
-    (check.sinusoidal_positions, sinusoidal_ok),
     (check.apply_rope, rope_ok),
     (check.cached_attention_step, step_ok),
     (check.kv_cache_bytes, bytes_ok),
@@ -69,7 +50,7 @@ CORRECT = [
 # Wrong answers every checker of this chapter must survive, with the words the feedback
 # must contain (tests/test_checks_generic.py runs each checker on each).
 GENERIC_WRONG = [
-    *generic_wrong_answers(check.sinusoidal_positions.hints[0]),
+    *generic_wrong_answers(check.apply_rope.hints[0]),
     (lambda *a: [float("nan")], "NaN|shape|returned nan|triple"),
 ]
 
@@ -78,12 +59,10 @@ GENERIC_WRONG = [
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
     (check.apply_rope, lambda x, p: position.apply_rope(x, p)),
-    (check.sinusoidal_positions, lambda n, d: position.sinusoidal_positions(n, d)),
 ]
 
 
 def test_other_correct_forms_pass(capsys):
-    check.sinusoidal_positions(sinusoidal_numpy)
     check.apply_rope(rope_complex)
     check.kv_cache_bytes(lambda *a: float(bytes_ok(*a)))
     check.kv_cache_bytes(lambda *a: torch.tensor(bytes_ok(*a)))
@@ -94,30 +73,7 @@ def test_other_correct_forms_pass(capsys):
         return sdpa(q, kc, vc)[0], kc, vc
 
     check.cached_attention_step(step_with_course_sdpa)
-    assert capsys.readouterr().out.count("✔") == 5
-
-
-@pytest.mark.parametrize("wrong,words", [
-    (lambda n, d: sinusoidal_ok(n, d).T, r"expected \(n, d\)"),
-    (lambda n, d: sinusoidal_ok(n, d)[:, [c ^ 1 for c in range(d)]], "swapped"),
-    (lambda n, d: torch.cat([sinusoidal_ok(n, d)[:, 0::2], sinusoidal_ok(n, d)[:, 1::2]], 1),
-     "INTERLEAVES"),
-    (lambda n, d: _sinusoidal_wrong_frequency(n, d), "pair i is 10000"),
-    (lambda n, d: sinusoidal_ok(n, d) * 2, "differs from the expected"),
-    (lambda n, d: sinusoidal_ok(n, d)[:, :-1], "shape"),
-    (lambda n, d: torch.full((n, d), float("nan")), "NaN"),
-])
-def test_wrong_sinusoidal(wrong, words):
-    with pytest.raises(CheckFailure, match=words):
-        check.sinusoidal_positions(wrong)
-
-
-def _sinusoidal_wrong_frequency(n, d):
-    pe = torch.zeros(n, d)
-    pos = torch.arange(n, dtype=torch.float32)[:, None]
-    w = 10000.0 ** (-torch.arange(0, d // 2, dtype=torch.float32) / d)  # i instead of 2i
-    pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * w), torch.cos(pos * w)
-    return pe
+    assert capsys.readouterr().out.count("✔") == 4
 
 
 def _rope_half(x, positions):
@@ -176,3 +132,47 @@ def test_wrong_cached_step(wrong, words):
 def test_wrong_cache_bytes(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.kv_cache_bytes(wrong)
+
+
+def rope_given(x, positions):
+    """The planted bug of exercise 3: the rotated pairs come back as two halves."""
+    d = x.shape[-1]
+    freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)
+    angles = positions.to(x.dtype)[:, None] * freq
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.cat([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+
+
+def test_the_planted_rope_bug_left_unfixed_is_named():
+    with pytest.raises(CheckFailure, match="still the planted bug"):
+        check.apply_rope(rope_given)
+
+
+def test_order_prediction_and_measurement(capsys):
+    causal, unmasked = check.order_gaps()
+    assert causal > 0.1 and unmasked < 1e-5
+    check.causal_is_blind(False)
+    check.causal_gap(causal)
+    check.causal_gap(torch.tensor(causal))
+    assert capsys.readouterr().out.count("✔") == 3
+
+
+@pytest.mark.parametrize("checker, got, words", [
+    (check.causal_is_blind, True, "NOT blind"),
+    (check.causal_is_blind, None, "None"),
+    (check.causal_is_blind, "no", "True or False"),
+    (check.causal_is_blind, 0, "you predicted not blind"),
+    (check.causal_gap, 0.0, "WITHOUT the mask"),
+    (check.causal_gap, 1.2e-7, "WITHOUT the mask"),
+    (check.causal_gap, 0.3, "the check measures"),
+    (check.causal_gap, None, "None"),
+    (check.causal_gap, float("inf"), "finite"),
+    (check.causal_gap, [0.6], "should be a number"),
+])
+def test_order_wrong_values_are_explained(checker, got, words):
+    if words.startswith("you predicted"):
+        checker(got)  # 0 reads as False: a right prediction
+        return
+    with pytest.raises(CheckFailure, match=words):
+        checker(got)

@@ -1,5 +1,6 @@
-"""Checkers for exercises/07_order_and_memory.ipynb: sinusoidal positions, RoPE, one cached
-decoding step, and the KV cache's size in bytes."""
+"""Checkers for exercises/07_order_and_memory.ipynb: is causal attention blind to order
+(predict, then measure), a RoPE that puts its rotated pairs back in the wrong place (debug), one
+cached decoding step and the KV cache's size in bytes (build)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import torch
 
 import course_lib.position as position
 from course_lib.attention import scaled_dot_product_attention as _sdpa
+from course_lib.checks._answers import boolean, number
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._protocol import Check, each, hint, value
 from course_lib.position import apply_rope as _rope
-from course_lib.position import sinusoidal_positions as _sinusoidal
 
-__all__ = ["sinusoidal_positions", "apply_rope", "cached_attention_step", "kv_cache_bytes", "hint"]
+__all__ = ["causal_is_blind", "causal_gap", "apply_rope", "cached_attention_step",
+           "kv_cache_bytes", "hint"]
 
 SOLUTION = "solutions/07_order_and_memory.ipynb"
 
@@ -27,64 +29,93 @@ def _same(t: torch.Tensor, want: torch.Tensor, atol: float = 1e-5) -> bool:
     return t.shape == want.shape and bool(torch.allclose(t, want, atol=atol, rtol=1e-4))
 
 
-# ---------------------------------------------------------------- exercise 1
+# ---------------------------------------------------------------- exercises 1 and 2
 
-def _sinusoidal_cases(seed: int, hidden: bool) -> list:
-    sizes = [(6, 4), (20, 16), (1, 2), (50, 8)] + ([(3, 64), (128, 32)] if hidden else [])
-    return [{"n": n, "d": d} for n, d in sizes]
+ORDER_SEED, ORDER_SHAPE, ORDER_PERM = 7, (1, 6, 8), (3, 0, 5, 1, 4, 2)
 
 
-def _sinusoidal_judge(cases: list, outcomes: list) -> str:
-    for case, got in each(cases, outcomes):
-        n, d = case["n"], case["d"]
-        what = f"sinusoidal_positions({n}, {d})"
-        want = _sinusoidal(n, d).double()
-        t = to_tensor(got, what, dtype=torch.float64)
-        if n != d and tuple(t.shape) == (d, n):
-            fail(f"{what} has shape {(d, n)}; expected (n, d) = {(n, d)}: one ROW per position.")
-        expect_shape(t, (n, d), what, "One row per position, one column per dimension.")
-        if not torch.isfinite(t).all():
-            fail(f"{what} contains NaN/inf: the frequencies are 10000 ** (-2i / d), which stay "
-                 "in (0, 1].")
-        if _same(t[:, [c ^ 1 for c in range(d)]], want):
-            fail("your sines and cosines are swapped: column 2i holds sin(pos * w_i) and column "
-                 "2i+1 holds cos(pos * w_i) (row 0 should read 0, 1, 0, 1, ...).")
-        half = torch.cat([want[:, 0::2], want[:, 1::2]], dim=1)
-        if d > 2 and _same(t, half):
-            fail("you put all the sines first and all the cosines after them; the table "
-                 "INTERLEAVES them: column 2i is sin(pos * w_i), column 2i+1 is cos(pos * w_i).")
-        if d > 2 and n > 1 and t.shape == want.shape and \
-                torch.allclose(t[:, :2], want[:, :2], atol=1e-5) and not _same(t, want):
-            fail("your first column pair is right but later ones are not: the frequency of pair "
-                 "i is 10000 ** (-2 * i / d), where 2i is the pair's first COLUMN index "
-                 "(0, 2, 4, ...).")
-        expect_close(t, want, what, atol=1e-5, rtol=1e-4,
-                     hint="PE[pos, 2i] = sin(pos / 10000 ** (2i / d)), PE[pos, 2i+1] = cos(same "
-                          "angle).")
-    return "sinusoidal_positions: interleaved sin/cos at frequencies 10000^(-2i/d), shape (n, d)."
+def order_gaps() -> tuple[float, float]:
+    """(causal, unmasked) max |attn(x[perm]) - attn(x)[perm]| on the exercise's seeded input,
+    self-attention with q = k = v = x and no positions."""
+    from course_lib.masks import causal_mask
+
+    x = torch.randn(*ORDER_SHAPE, generator=torch.Generator().manual_seed(ORDER_SEED))
+    perm = torch.tensor(ORDER_PERM)
+    gaps = []
+    for mask in (causal_mask(ORDER_SHAPE[1]), None):
+        out, _ = _sdpa(x, x, x, mask=mask)
+        shuffled, _ = _sdpa(x[:, perm], x[:, perm], x[:, perm], mask=mask)
+        gaps.append(float((shuffled - out[:, perm]).abs().max()))
+    return gaps[0], gaps[1]
 
 
-sinusoidal_positions = Check(
-    id="ch07.sinusoidal_positions",
-    cases=_sinusoidal_cases,
-    run=lambda fn, case: call(fn, case["n"], case["d"], name="sinusoidal_positions"),
-    judge=_sinusoidal_judge,
-    forbid=((position, "sinusoidal_positions"),),
+def _blind_judge(cases: list, outcomes: list) -> str:
+    got = boolean(value(outcomes[0], "causal_is_blind"), "causal_is_blind")
+    causal, unmasked = order_gaps()
+    gap = (f"shuffling the 6 inputs moves the causal outputs by up to {causal:.4f} beyond a "
+           f"shuffle (without the mask: {unmasked:.1e}, rounding only)")
+    why = ("the mask itself depends on position: query i sees exactly the i + 1 earliest "
+           "tokens, so a token's output changes with where it stands, even with no position "
+           "vectors at all. Order leaks in through the mask.")
+    if got:
+        fail(f"you predicted blind; {gap}. Causal attention is NOT blind to order: {why}")
+    return f"causal_is_blind: you predicted not blind, and {gap}: {why}"
+
+
+causal_is_blind = Check(
+    id="ch07.causal_is_blind",
+    cases=lambda seed, hidden: [None],
+    run=lambda prediction, case: prediction,
+    judge=_blind_judge,
     hints=(
-        "Each pair of columns is a clock ticking at its own speed, from fast to very slow: one "
-        "column holds the sine of the position's angle, its neighbour the cosine.",
-        "Pair i (columns 2i and 2i+1) turns at frequency 10000 to the power -2i/d. The angle of "
-        "row pos is pos times that frequency: fill the even columns with its sine and the odd "
-        "ones with its cosine.",
-        "PE[pos, 2i] = sin(pos · 10000^(-2i/d)), PE[pos, 2i+1] = cos(pos · 10000^(-2i/d)); an "
-        "(n, 1) column of positions times a (d/2,) row of frequencies gives all the angles.",
+        "The permutation argument of section 1 assumed every query sees every key. Does that "
+        "still hold once a mask decides who sees whom?",
+        "Follow one token: at position 0 under a causal mask it sees only itself; moved to "
+        "position 5 it sees five others too. Is its output the same?",
+        "Not blind: the set of keys each query sees depends on its position, so shuffled "
+        "inputs give more than shuffled outputs (causal_is_blind = False).",
         f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ch07_sinusoidal_test",),
+    grade_ids=("ch07_causal_blind_test",),
 )
 
 
-# ---------------------------------------------------------------- exercise 2
+def _gap_judge(cases: list, outcomes: list) -> str:
+    got = number(value(outcomes[0], "causal_gap"), "causal_gap", 0, 1e6,
+                 "a number (the largest absolute difference)")
+    causal, unmasked = order_gaps()
+    if abs(got - causal) <= 1e-4 * max(1.0, causal):
+        return (f"causal_gap: {got:.4f}, the same as the check's run: a causal layer without "
+                "positions still tells the order apart.")
+    if got <= 1e-4:
+        fail(f"causal_gap = {got:.1e} is what attention WITHOUT the mask gives (the check gets "
+             f"{unmasked:.1e}): pass the causal mask to both calls.")
+    fail(f"causal_gap = {got:.4f}, but the check measures {causal:.4f} on the same input. Shuffle "
+         "the positions (axis 1) of x with perm, run causal self-attention on x and on the "
+         "shuffled x, shuffle the first output the same way, and take the largest absolute "
+         "difference.")
+
+
+causal_gap = Check(
+    id="ch07.causal_gap",
+    cases=lambda seed, hidden: [None],
+    run=lambda measured, case: measured,
+    judge=_gap_judge,
+    hints=(
+        "Equivariance means 'shuffle in, the same shuffle out': compare the output for the "
+        "shuffled input with the shuffled output for the original input.",
+        "Run causal self-attention (q = k = v) once on x and once on x with its positions "
+        "reordered by perm; reorder the first result by perm as well; the largest absolute "
+        "difference is the gap.",
+        "out = attn(x, x, x, causal mask); out_s = attn(xs, xs, xs, causal mask) with "
+        "xs = x[:, perm]; causal_gap = (out_s - out[:, perm]).abs().max().item().",
+        f"The worked answer is exercise 2 of {SOLUTION}.",
+    ),
+    grade_ids=("ch07_causal_gap_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 3
 
 def _rope_half(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The other common layout (GPT-NeoX, Llama in HF): pair i is (x[i], x[i + d/2])."""
@@ -128,6 +159,12 @@ def _rope_judge(cases: list, outcomes: list) -> str:
         if moved and x.shape[-1] > 2 and _same(t, _rope_half(x, positions)):
             fail("you pair x[i] with x[i + d/2] (the 'rotate half' layout). This course pairs "
                  "NEIGHBOURS, entries 2i and 2i+1, and puts the results back interleaved.")
+        halves = torch.cat([want[..., 0::2], want[..., 1::2]], dim=-1)
+        if moved and x.shape[-1] > 2 and _same(t, halves):
+            fail("still the planted bug: every pair is rotated correctly, but the results come "
+                 "back as two halves (all new even entries, then all new odd ones) instead of "
+                 "each pair in its own two columns. Dot products survive the shuffle, so the "
+                 "relative-position test cannot see it; position 0 (angle 0) must give x back.")
         if not torch.allclose(t.norm(dim=-1), x.norm(dim=-1), atol=1e-6, rtol=1e-6):
             fail("the lengths of your rotated vectors changed; a rotation keeps them. Use the same "
                  "angle for the cos and the sin of a pair, and cos/sin (not the angle itself).")
@@ -143,20 +180,21 @@ apply_rope = Check(
     judge=_rope_judge,
     forbid=((position, "apply_rope"),),
     hints=(
-        "RoPE turns each pair of neighbouring features like the hand of a clock, by an angle "
-        "that grows with the position; a rotation changes direction, never length.",
+        "The given RoPE passes the relative-position test, so test it where the answer is "
+        "known without any algebra: at position 0 every angle is 0.",
         "Pair i is (x[..., 2i], x[..., 2i+1]); at position p it turns by p · 10000^(-2i/d). "
         "Rotate every pair of every row with the 2-D rotation formula, then put the pairs back "
         "in place.",
         "even' = even · cos θ - odd · sin θ, odd' = even · sin θ + odd · cos θ, with θ of shape "
-        "(n, d/2); interleave even' and odd' back into (..., n, d).",
-        f"The worked answer is exercise 2 of {SOLUTION}.",
+        "(n, d/2); interleave even' and odd' back into (..., n, d): stack them on a new last "
+        "axis and flatten it, rather than concatenating.",
+        f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
     grade_ids=("ch07_rope_test",),
 )
 
 
-# ---------------------------------------------------------------- exercise 3
+# ---------------------------------------------------------------- exercise 4
 
 def _cached_cases(seed: int, hidden: bool) -> list:
     g = _generator(3, seed)
@@ -232,13 +270,13 @@ cached_attention_step = Check(
         "mask: nothing in the cache lies in the future.",
         "k_cache = cat([k_cache, k_new], dim=-2) (same for v); out = softmax(q_new k_cacheᵀ / "
         "sqrt(d)) v_cache; return (out, k_cache, v_cache).",
-        f"The worked answer is exercise 3 of {SOLUTION}.",
+        f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
     grade_ids=("ch07_cached_step_test",),
 )
 
 
-# ---------------------------------------------------------------- exercise 4
+# ---------------------------------------------------------------- exercise 5
 
 _BYTES_ARGS = ("num_layers", "num_heads", "n", "d_head", "bytes_per_element", "batch")
 
@@ -289,7 +327,7 @@ kv_cache_bytes = Check(
         "One cached tensor holds batch x heads x n x d_head numbers; there are two of them (K "
         "and V) in each layer, and each number takes bytes_per_element bytes.",
         "bytes = 2 · num_layers · batch · num_heads · n · d_head · bytes_per_element.",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
+        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
     grade_ids=("ch07_cache_bytes_test",),
 )
