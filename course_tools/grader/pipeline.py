@@ -83,9 +83,7 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
     settings = Settings(timeout=timeout, memory_mb=memory_mb, jobs=jobs, sandbox=sandbox,
                         python_path=[str(p) for p in extra],
                         hide=[solutions.resolve(), *sorted(folders)],
-                        protect=[*(s.path.resolve() for s in sources.values()),
-                                 *(p.resolve() for p in files if p.is_file()),
-                                 *(q for p in extra for q in p.rglob("*.py"))])
+                        protect=[p.resolve() for p in files if p.is_file()])
     if settings.why_not_sandboxed and warn is not None:
         warn(NOT_SANDBOXED.format(why=settings.why_not_sandboxed))
 

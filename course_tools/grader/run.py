@@ -34,7 +34,7 @@ class Settings:
     jobs: int = 1
     python_path: list[str] = field(default_factory=list)  # extra import folders for the kernel
     hide: list[Path] = field(default_factory=list)  # solutions/, the submissions' folders
-    protect: list[Path] = field(default_factory=list)  # files no kernel may change
+    protect: list[Path] = field(default_factory=list)  # the submissions: put back if changed
     sandbox: bool = True  # False: never, even where it works
     why_not_sandboxed: str | None = None
     course_lib: Path = field(init=False)
@@ -48,29 +48,34 @@ class Settings:
         self.course_lib = Path(course_lib.__file__).resolve().parent
         self.why_not_sandboxed = sandbox.unavailable() if self.sandbox else "--no-sandbox"
         if self.why_not_sandboxed and os.name == "posix":
-            self._take_snapshot()
+            self._private_copy()
 
     @property
     def sandboxed(self) -> bool:
         return self.why_not_sandboxed is None
 
-    def _take_snapshot(self) -> None:
-        """Without a sandbox a kernel can reach the course's files: keep a copy to put back.
-        The worker checks the course's files after every cell; the submissions (possibly large)
-        are checked once each submission is done."""
-        course = [
-            p for p in self.course_lib.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-        ]
-        course += [p for p in self.protect if p.suffix == ".py" or "solutions" in p.parts]
-        others = [p for p in self.protect if p not in course]
-        self.snapshot = Path(tempfile.mkdtemp(prefix="course-grade-snapshot-"))
-        for k, path in enumerate(dict.fromkeys([*course, *others])):
-            if not path.is_file():
-                continue
+    def _private_copy(self) -> None:
+        """Without a sandbox a kernel can reach every file the grader's user can. So the kernels
+        import a private copy of course_lib (and of the --python-path folders), made here; the
+        worker checks its files after every cell and puts back, and flags, any a kernel changed.
+        The live course is never written. The submissions are checked (and put back) once each
+        submission is done. Nothing else is watched."""
+        self.snapshot = Path(tempfile.mkdtemp(prefix="course-grade-lib-"))
+        live = self.snapshot / "live"
+        copies = [(self.course_lib, live / "course_lib")]
+        copies += [(Path(d), self.snapshot / f"path{k}") for k, d in enumerate(self.python_path)]
+        for src, dst in copies:
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        self.python_path = [str(live), *(str(dst) for _, dst in copies[1:])]
+        originals = self.snapshot / "originals"
+        originals.mkdir()
+        files = [q for _, dst in copies for q in dst.rglob("*") if q.is_file()]
+        self.per_cell = {str(q) for q in files}
+        files += [q for q in self.protect if q.is_file()]  # the submissions
+        for k, path in enumerate(dict.fromkeys(files)):
             data = path.read_bytes()
-            (self.snapshot / str(k)).write_bytes(data)
+            (originals / str(k)).write_bytes(data)
             self.watch[str(path)] = [hashlib.sha256(data).hexdigest(), str(k)]
-        self.per_cell = {str(p) for p in course}
 
     def restore(self) -> list[str]:
         """Put back any watched file a kernel changed (no sandbox); returns what was changed."""
@@ -82,7 +87,7 @@ class Settings:
                 now = None
             if now != digest:
                 changed.append(path)
-                Path(path).write_bytes((self.snapshot / name).read_bytes())
+                Path(path).write_bytes((self.snapshot / "originals" / name).read_bytes())
         return changed
 
     def close(self) -> None:
@@ -144,7 +149,7 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings) -> RunRe
         "memory_mb": settings.memory_mb,
         "grace": min(GRACE_S, max(2.0, settings.timeout / 2)),
         "watch": {p: v for p, v in settings.watch.items() if p in settings.per_cell},
-        "snapshot": str(settings.snapshot or ""),
+        "snapshot": str(settings.snapshot / "originals" if settings.snapshot else ""),
     }
     if settings.sandboxed:
         hide = sandbox.hidden_places(settings.course_lib.parent, settings.hide)
