@@ -7,11 +7,11 @@ In order, most useful first, each result appended to DIR/results.jsonl the momen
 the machine (device, driver, torch / CUDA / cuDNN / Triton versions) and which backend SDPA picks
 for each shape; the bf16 matmul rate; bf16 correctness of `flash_attention` with autotuning on
 (its max error against an fp32 reference must be at most twice that of SDPA in bf16, for the
-output and the three gradients); the same check for every config table entry forced in turn, at
-one even and one ragged length; then forward and backward times, largest n first, for the
-kernel, SDPA's default choice, and SDPA pinned to FlashAttention-2 and to cuDNN. The first call
-of the kernel at each shape (compiling and autotuning) is timed apart from the steady ones. No new
-step starts after `--budget` seconds; DIR/summary.md is written whatever happens (also on
+output and the three gradients); forward and backward times, largest n first, for the kernel,
+SDPA's default choice, and SDPA pinned to FlashAttention-2 and to cuDNN; then the correctness
+check for every config table entry forced in turn, at one even and one ragged length. The first
+call of the kernel at each shape (compiling and autotuning) is timed apart from the steady ones.
+No new step starts after `--budget` seconds; DIR/summary.md is written whatever happens (also on
 SIGTERM), then the compiled kernel tests run last under their own timeout and the summary gains
 their result.
 """
@@ -351,16 +351,16 @@ def main(argv=None) -> int:
             for causal in (False, True):
                 for n in plan.correct_ns:
                     step(f"correctness d={d} causal={causal} n={n}", correctness, d, causal, n)
-        for d in plan.dims:
-            for causal in (False, True):
-                for n in plan.config_ns:
-                    step(f"every config d={d} causal={causal} n={n}", every_config, d, causal, n)
         for n in plan.time_ns:
             for d in plan.dims:
                 for causal in (False, True):
                     for provider in PROVIDERS:
                         step(f"time {provider} d={d} causal={causal} n={n}", timing, d, causal,
                              n, provider)
+        for d in plan.dims:  # last: the ragged length compiles every config once more
+            for causal in (False, True):
+                for n in plan.config_ns:
+                    step(f"every config d={d} causal={causal} n={n}", every_config, d, causal, n)
     finally:
         with contextlib.suppress(Exception):  # whatever was tuned before a stop, too
             chosen_configs(rec, plan)
