@@ -126,3 +126,49 @@ def test_wrong_gradient_vs_distance(wrong, words):
 def test_wrong_memory_numbers(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.memory_numbers(wrong)
+
+
+def run_rnn_given(x, W_xh, W_hh, b):
+    """The planted bug of exercise 2: the new summary is never carried to the next step."""
+    batch, n, _ = x.shape
+    h = x.new_zeros(batch, W_hh.shape[0])
+    outputs = []
+    for t in range(n):
+        h_new = torch.tanh(x[:, t] @ W_xh.T + h @ W_hh.T + b)
+        outputs.append(h_new)
+    return torch.stack(outputs, dim=1), h_new
+
+
+def test_the_planted_loop_bug_left_unfixed_is_named():
+    with pytest.raises(CheckFailure, match="still the planted bug"):
+        check.run_rnn(run_rnn_given)
+
+
+def test_memory_ratio_prediction_and_far_gradient_measurement(capsys):
+    check.predicted_ratio(200_000)
+    far = check.measured_far()
+    assert 0 < far < 1e-6
+    check.rnn_far(far * 1.01)
+    check.rnn_far(torch.tensor(far))
+    assert capsys.readouterr().out.count("✔") == 3
+
+
+@pytest.mark.parametrize("checker, got, words", [
+    (check.predicted_ratio, 100_000, "keys or the values"),
+    (check.predicted_ratio, 200_000 * 4096, "cancel"),
+    (check.predicted_ratio, 5, "you predicted 5x"),
+    (check.predicted_ratio, None, "None"),
+    (check.predicted_ratio, "2n", "should be a number"),
+    (check.rnn_far, 1.0, "how attention behaves"),
+    (check.rnn_far, 1e-3, "the check measures"),
+    (check.rnn_far, float("nan"), "finite"),
+    (check.rnn_far, None, "None"),
+])
+def test_ch06_wrong_values_are_explained(checker, got, words):
+    with pytest.raises(CheckFailure, match=words):
+        checker(got)
+
+
+def test_an_upside_down_far_ratio_is_named():
+    with pytest.raises(CheckFailure, match="upside down"):
+        check.rnn_far(1 / check.measured_far())

@@ -1,5 +1,7 @@
-"""Checkers for exercises/06_attention_vs_recurrence.ipynb: an RNN step, the RNN loop, a
-gradient-versus-distance measurement, and the memory each model keeps."""
+"""Checkers for exercises/06_attention_vs_recurrence.ipynb: an RNN step (build), an RNN loop that
+never carries its summary (debug), a gradient-versus-distance measurement and the memory each
+model keeps (build), how much more attention remembers (predict), and how far an RNN's gradient
+reaches (experiment)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import torch
 import torch.nn as nn
 
 import course_lib.recurrent as recurrent
+from course_lib.checks._answers import number
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._protocol import Check, each, hint, value
 
-__all__ = ["rnn_step", "run_rnn", "gradient_vs_distance", "memory_numbers", "hint"]
+__all__ = ["rnn_step", "run_rnn", "gradient_vs_distance", "memory_numbers", "predicted_ratio",
+           "rnn_far", "hint"]
 
 SOLUTION = "solutions/06_attention_vs_recurrence.ipynb"
 
@@ -131,8 +135,9 @@ def _run_judge(cases: list, outcomes: list) -> str:
         expect_shape(h_last, want_h.shape, "h_last",
                      hint="wanted (batch, d_hidden): the summary after the last token.")
         if n > 1 and torch.allclose(out, torch.tanh(x @ W_xh.T + b)):
-            fail("every output ignores the previous state: pass each step's h on to the next "
-                 "step.")
+            fail("still the planted bug: every output ignores the previous state, so each "
+                 "summary is the step applied to the zero state. Pass each step's new h on to "
+                 "the next step.")
         expect_close(out, want_out, "outputs", atol=1e-9,
                      hint="start from a zero summary; at each position update it with rnn_step "
                           "and keep every summary.")
@@ -150,8 +155,9 @@ run_rnn = Check(
     judge=_run_judge,
     forbid=((recurrent.RunningSummaryRNN, "forward"), (nn.RNN, "forward")),
     hints=(
-        "A recurrence is a loop: the summary after position t is the step applied to token t "
-        "and the summary after position t - 1, starting from nothing.",
+        "Print the given loop's outputs for a sequence whose tokens are all the same: a "
+        "running summary should change as it reads them; ask what each step is given as the "
+        "summary so far.",
         "Start from a zero summary of shape (batch, d_hidden), call your rnn_step once per "
         "position, keep every summary, and stack them along the position axis.",
         "h = zeros; for t in range(n): h = rnn_step(x[:, t], h, ...); outputs = stack of the h's "
@@ -288,4 +294,97 @@ memory_numbers = Check(
         f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
     grade_ids=("ch06_memory_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 5 (predict)
+
+BOOK_TOKENS, BOOK_LAYERS, BOOK_WIDTH = 100_000, 32, 4096
+
+
+def _book_judge(cases: list, outcomes: list) -> str:
+    got = number(value(outcomes[0], "predicted_ratio"), "predicted_ratio", 0, 1e15,
+                 "a number (how many times more)")
+    memory = recurrent.state_memory(BOOK_TOKENS, BOOK_WIDTH, BOOK_LAYERS)
+    ratio = memory["attention_numbers"] / memory["rnn_numbers"]
+    gap = (f"you predicted {got:,.0f}x; attention keeps {memory['attention_numbers']:,} numbers, "
+           f"the RNN {memory['rnn_numbers']:,}: {ratio:,.0f}x")
+    why = ("per layer the RNN keeps one summary of d numbers, attention a key AND a value of d "
+           "numbers for every token, so the ratio is 2n whatever the width and the depth.")
+    if abs(got - ratio) <= 0.01 * ratio:
+        return f"predicted_ratio: {gap}. Right: {why}"
+    if abs(got - ratio / 2) <= 0.01 * ratio:
+        fail(f"{gap}. You counted the keys or the values, not both: {why}")
+    if abs(got - ratio * BOOK_LAYERS) <= 0.01 * ratio * BOOK_LAYERS or \
+            abs(got - ratio * BOOK_WIDTH) <= 0.01 * ratio * BOOK_WIDTH:
+        fail(f"{gap}. The width and the depth multiply both sides alike and cancel: {why}")
+    fail(f"{gap}: {why}")
+
+
+predicted_ratio = Check(
+    id="ch06.predicted_ratio",
+    cases=lambda seed, hidden: [None],
+    run=lambda prediction, case: prediction,
+    judge=_book_judge,
+    hints=(
+        "Count what each model must keep per layer to write the next token, and notice which "
+        "of the three sizes (tokens, width, layers) appears on only one side.",
+        "Per layer: the RNN keeps its summary; attention keeps one key and one value per token "
+        "read so far, each as wide as the model.",
+        "ratio = (2 · n · d · layers) / (d · layers) = 2n, with n = 100,000.",
+        f"The worked answer is exercise 5 of {SOLUTION}.",
+    ),
+    grade_ids=("ch06_predicted_ratio_test",),
+)
+
+
+# ---------------------------------------------------------------- exercise 6 (experiment)
+
+FAR_SEED, FAR_N, FAR_D_IN, FAR_D_HIDDEN = 6, 32, 8, 16
+
+
+def measured_far() -> float:
+    """g[0] / g[-1] for the exercise's seeded RNN: the first input's pull on the last output,
+    relative to the last input's."""
+    with torch.random.fork_rng():
+        torch.manual_seed(FAR_SEED)
+        rnn = recurrent.RunningSummaryRNN(FAR_D_IN, FAR_D_HIDDEN)
+        x = torch.randn(1, FAR_N, FAR_D_IN)
+    g = recurrent.gradient_vs_distance(lambda t: rnn(t)[0], x)
+    return float(g[0] / g[-1])
+
+
+def _far_judge(cases: list, outcomes: list) -> str:
+    got = number(value(outcomes[0], "rnn_far"), "rnn_far", 0, 1e30,
+                 "a number (g[0] / g[-1])")
+    want = measured_far()
+    if abs(got - want) <= 0.02 * want:
+        return (f"rnn_far: {got:.2e}. The first token's gradient reaches the last output "
+                f"{1 / want:.1e} times weaker than the last token's: across {FAR_N - 1} steps "
+                "every step multiplied it by a factor below 1.")
+    if want > 0 and abs(got - 1 / want) <= 0.02 / want:
+        fail(f"rnn_far = {got:.3g} is upside down: divide the gradient at the FIRST position, "
+             "g[0], by the one at the last, g[-1].")
+    if 0.1 < got < 10:
+        fail(f"rnn_far = {got:.3g}, close to 1: that is how attention behaves, not this RNN "
+             f"(the check measures {want:.2e}). Measure the RNN the set-up cell built, "
+             "f = lambda t: rnn(t)[0].")
+    fail(f"rnn_far = {got:.3g}, but on the set-up cell's seeded RNN and x the check measures "
+         f"{want:.2e}. Use exactly those, and your gradient_vs_distance from exercise 3.")
+
+
+rnn_far = Check(
+    id="ch06.rnn_far",
+    cases=lambda seed, hidden: [None],
+    run=lambda measured, case: measured,
+    judge=_far_judge,
+    hints=(
+        "Your gradient_vs_distance already measures how hard each input pulls on the last "
+        "output; compare the pull of the very first input with that of the last one.",
+        "The RNN returns (outputs, h_last); the function to measure maps x to the outputs. "
+        "g[0] is the first position, g[-1] the last.",
+        "g = gradient_vs_distance(lambda t: rnn(t)[0], x); rnn_far = (g[0] / g[-1]).item()",
+        f"The worked answer is exercise 6 of {SOLUTION}.",
+    ),
+    grade_ids=("ch06_rnn_far_test",),
 )
