@@ -17,7 +17,7 @@ from course_lib.checks._protocol import decode, encode, run_cases
 # a new chapter joins by defining the lists in its tests/test_checks_chNN.py and adding it here
 CHAPTERS = {chapter: importlib.import_module(f"test_checks_{chapter}")
             for chapter in ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08",
-                            "ch09")}
+                            "ch09", "ch10")}
 
 RIGHT = [
     pytest.param(checker, answer, id=f"{chapter}-{checker.__name__}-{i}")
