@@ -8,10 +8,11 @@ One module per idea, in the order the chapters meet them:
     multihead   chapter 05  multi-head attention
     recurrent   chapter 06  a running-summary RNN
     position    chapter 07  sinusoidal positions and rotary embeddings
-    models      chapters 05-07  small models (TinyTransformer with a KV cache)
+    models      chapters 05-10  small models (TransformerBlock, TinyTransformer with a KV cache)
     flash       chapter 08  tiled attention and a Triton FlashAttention kernel
     cost        chapter 09  where the quadratic term takes over (FLOPs of a layer), benchmarks
     linear_attention  chapter 09  linear attention: parallel and recurrent forms
+    stacking    chapter 10  induction, the trophy and the suitcase, real text; shipped models
 
 plus `checks` (exercise checkers), `widgets` (interactive explorers), `env` (environment
 report) and `cli` (the `course` command).
