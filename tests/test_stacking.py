@@ -238,3 +238,19 @@ def test_head_jobs_names_every_head_of_a_model():
                             "no clear job")
         best = max(("previous token", "current token", "delimiter", "induction"), key=r.get)
         assert r["job"] == (best if r[best] >= 0.4 else "no clear job")
+
+
+def test_both_verbs_make_the_answer_depend_on_verb_and_property_together():
+    task = PronounTask(max_filler=3, verbs=("fit", "hold"))
+    tokens, targets = task.batch(torch.Generator().manual_seed(4), 200)
+    seen = set()
+    for b in range(200):
+        words = task.decode(tokens[b])
+        verb = "fit" if "fit" in words else "hold"
+        adj = words[-6]
+        n1, n2 = (words[i] for i in task.candidates(tokens[b:b + 1])[0])
+        assert task.words[targets[b, -1]] == task.answer(verb, adj, n1, n2)
+        seen.add((verb, adj))
+    assert seen == {("fit", "big"), ("fit", "small"), ("hold", "big"), ("hold", "small")}
+    with pytest.raises(ValueError, match="verbs must be|verbs should be"):
+        PronounTask(verbs=("carry",))
