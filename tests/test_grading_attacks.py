@@ -214,3 +214,50 @@ def test_a_forged_worker_result_is_named(attacked):
     if mode == "no sandbox":  # it found the worker: the forgery is seen, the kill reported
         assert "grading worker's output" in feedback
     assert "/proc" in feedback
+
+
+# ---------------------------------------------------------------------------------------------
+# The scan of learner cells (fast, no kernel): every solution is clean, every cheat is named
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _answer_cells():
+    import nbformat
+
+    for path in sorted((REPO / "solutions").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+                yield f"{path.stem}:{cell.metadata['nbgrader']['grade_id']}", cell.source
+
+
+def test_no_solution_of_any_chapter_looks_suspicious():
+    from course_tools.grader.scan import suspicious
+
+    found = {where: s for where, src in _answer_cells() if (s := suspicious(src, {"check"}))}
+    assert found == {}
+
+
+@pytest.mark.parametrize("source,words", [
+    ("check.x = lambda *a: None", "rebinds the checker `check.x`"),
+    ("import numpy as np\nnp.allclose = lambda *a, **k: True", "numpy.allclose"),
+    ("import torch\nsetattr(torch, 'allclose', len)", "rewrites the module `torch`"),
+    ("import builtins\nbuiltins.len = None", "builtins"),
+    ("__builtins__.len = None", "builtins"),
+    ("import sys\nsys.modules['course_lib.checks._probe'] = None", "sys.modules"),
+    ("import sys as s\ns.setprofile(None)", "call tracking"),
+    ("import os\nos.kill(os.getppid(), 9)", "parent process"),
+    ("open('/proc/1/fd/1', 'w')", "/proc"),
+    ("import course_lib\nprint(course_lib.__file__)", "__file__"),
+    ("from course_lib.checks import _core", "reaches into the checkers"),
+    ("p = 'solutions/01_soft_dictionary.ipynb'", "solution notebooks"),
+    ("open('../x', 'w')", "outside its folder"),
+    ("import ctypes", "ctypes"),
+    ("!rm -rf ~", "shell commands"),
+    ("import subprocess", "other programs"),
+])
+def test_the_scan_names_each_cheat(source, words):
+    from course_tools.grader.scan import suspicious
+
+    found = suspicious(source, {"check"})
+    assert any(words in f for f in found), found

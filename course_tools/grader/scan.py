@@ -50,6 +50,8 @@ _NAMES = {
 
 
 def _python(source: str) -> str:
+    if not re.search(r"^\s*[%!]|[^=!<>]=\s*[%!]|\?\s*$", source, re.M):
+        return source  # plain Python (the usual case): no need to import IPython
     try:
         from IPython.core.inputtransformer2 import TransformerManager
 

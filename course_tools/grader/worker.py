@@ -178,7 +178,9 @@ async def _run_cells(spec: dict) -> dict:
         client.kc = client.km = None
 
     async def run(i: int, replay: bool = False) -> dict:
+        t0 = time.monotonic()
         st = await execute(i)
+        st["seconds"] = round(time.monotonic() - t0, 3)
         if not replay:
             collect(spec, i)
         found = watch.check()
