@@ -1,6 +1,6 @@
 """Attention two ways in plain torch: the naive one that builds the whole score grid, and the
-tiled one that walks over blocks of keys with an online softmax and never holds more than one
-(block x block) tile of scores.
+tiled one that walks over blocks of keys with an online softmax and never holds more than a
+few (block x block) tiles of scores.
 
 `tiled_attention` mirrors the Triton kernel in `course_lib/flash/kernel.py` loop for loop: the
 outer loop over query blocks is the kernel's grid (one program per query block), `_attn_fwd_inner`
@@ -52,8 +52,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q_blk, k, v, start_m, lo, hi, block_size, dia
             if window is not None:
                 blocked = blocked | (cols[None, :] <= rows[:, None] - window)
             scores = scores.masked_fill(blocked, float("-inf"))
-        # the new running max; detached: a shift the softmax does not depend on (and it keeps
-        # the in-place exp below legal under autograd)
+        # the new running max; detached: a shift the softmax does not depend on
         m_ij = torch.maximum(m_i, scores.detach().amax(dim=-1))        # (BH, BLOCK_M)
         shift = m_ij
         if window is not None:
@@ -61,9 +60,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q_blk, k, v, start_m, lo, hi, block_size, dia
             # is still -inf, and exp(-inf - (-inf)) would be NaN. Shift by 0 there instead, so
             # the tile adds exp(-inf) = 0 and the row's statistics stay as they were.
             shift = torch.where(torch.isinf(m_ij), torch.zeros_like(m_ij), m_ij)
-        # exp(s - m_new) in the scores' own memory: one tile alive, not three (the notebook
-        # measures the peak); everything else is plain
-        p = scores.sub_(shift[..., None]).exp_()                       # (BH, BLOCK_M, BLOCK_N)
+        p = torch.exp(scores - shift[..., None])                       # (BH, BLOCK_M, BLOCK_N)
         alpha = torch.exp(m_i - shift)                                 # exp(m_old - m_new)
         l_i = l_i * alpha + p.sum(dim=-1)
         acc = acc * alpha[..., None] + p @ v_blk                       # rescale, add p @ v
