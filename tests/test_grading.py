@@ -606,6 +606,16 @@ def test_chapter_notebooks_and_course_files_are_byte_identical_after_grading(cha
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
+def test_every_graded_cell_of_every_chapter_is_judged_in_the_grader(name):
+    """No chapter relies on a test cell run inside the learner's kernel (which could be fooled):
+    every graded cell is check calls, judged by the grader."""
+    source = grading.load_sources(REPO / "solutions")[name]
+    plan = grading.assemble(source, source.nb, hidden=True)
+    assert plan.in_kernel == []
+    assert {c.grade_id for c in plan.cells if c.role == "probe"} == {g for g, _, _ in source.graded}
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
 def test_chapter_solution_scores_full_points(chapter_run, name):
     r = chapter_run[0][("solutions", name)]
     assert r["error"] is None and len(r["exercises"]) >= 3
