@@ -1,9 +1,10 @@
 """The small trained models of chapter 10, and the seeded command that makes them.
 
-Training them all takes minutes on a laptop CPU, longer than a lecture may run, so the course
-ships their weights (`course_lib/data/ch10_<name>.pt`, a plain state dict) with a record of how
-each was made (`ch10_<name>.json`: the configuration, the seed, the steps, the result). To make
-them again (one CPU thread, deterministic; the same machine gives the same bits):
+Training them took about 40 minutes in all on a busy 2-core machine (each record keeps its
+seconds), far longer than a lecture may run, so the course ships their weights
+(`course_lib/data/ch10_<name>.pt`, a plain state dict) with a record of how each was made
+(`ch10_<name>.json`: the configuration, the seed, the steps, the result). To make them again
+(one CPU thread, deterministic; the same machine gives the same bits):
 
     python -m course_lib.stacking.pretrained                  # every model, into course_lib/data
     python -m course_lib.stacking.pretrained text --out DIR   # one model, elsewhere
