@@ -143,7 +143,7 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings) -> RunRe
         "cwd": str(layout.work),
         "io": str(layout.io),
         "ctl": str(layout.ctl),
-        "ipc": str(layout.ipc) if os.name == "posix" else None,
+        "ipc": str(layout.ipc) if sys.platform.startswith("linux") else None,  # tcp elsewhere
         "env": sandbox.kernel_env(layout, env, settings.python_path),
         "timeout": settings.timeout,
         "memory_mb": settings.memory_mb,

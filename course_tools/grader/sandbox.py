@@ -17,6 +17,7 @@ user, and `NOT_SANDBOXED` says so once per run.
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import shutil
 import subprocess
@@ -63,7 +64,11 @@ def _system_binds() -> list[str]:
             args += ["--ro-bind", d, d]
     for d in _python_dirs():
         args += ["--ro-bind", d, d]
-    return args + ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for dev in sorted(glob.glob("/dev/nvidia*")) + ["/dev/dri"]:  # a GPU, where there is one
+        if os.path.exists(dev):
+            args += ["--dev-bind", dev, dev]
+    return args
 
 
 def _python_dirs() -> list[str]:
