@@ -351,6 +351,7 @@ def _kill_children() -> None:
 
 def _worker_main(ctl: str) -> int:
     token = sys.stdin.readline().strip()  # before any kernel exists; never written anywhere
+    sys.stdout = sys.stderr  # a library's print must not look like a forgery on the real fd 1
     _adopt_orphans()
     spec = json.loads((Path(ctl) / "spec.json").read_text(encoding="utf-8"))
     if sys.platform == "win32":  # pyzmq's asyncio sockets need a selector loop on Windows
