@@ -15,7 +15,7 @@ One module per idea, in the order the chapters meet them:
     stacking    chapter 10  induction, the trophy and the suitcase, real text; shipped models
 
 plus `checks` (exercise checkers), `widgets` (interactive explorers), `env` (environment
-report) and `cli` (the `course` command).
+report). The `course` command lives apart, in `course_tools`, which this package never imports.
 """
 
 __version__ = "0.1.0"
