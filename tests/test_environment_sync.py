@@ -1,9 +1,9 @@
 """environment.yml and pyproject.toml must list the same packages with the same ranges."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,8 @@ def environment_requirements() -> tuple[set, list[str]]:
             section = "pip"
             continue
         if item.startswith("- ") and section in ("dependencies", "pip"):
-            (pip if section == "pip" and line.startswith("      ") else conda).append(item[2:].strip())
+            into = pip if section == "pip" and line.startswith("      ") else conda
+            into.append(item[2:].strip())
     return conda, pip
 
 
@@ -49,14 +50,18 @@ def test_same_packages_and_ranges():
                   for c in conda if not c.startswith(("python=", "pip"))]
     env = {normalise(r) for r in conda_reqs + [p for p in pip if p != "-e ."]}
     py = pyproject_requirements()
-    assert env == py, f"only in environment.yml: {sorted(env - py)}; only in pyproject.toml: {sorted(py - env)}"
+    assert env == py, (f"only in environment.yml: {sorted(env - py)}; "
+                       f"only in pyproject.toml: {sorted(py - env)}")
 
 
 def test_torch_comes_from_pip_and_is_pinned_in_constraints():
     _, pip = environment_requirements()
-    assert any(p.startswith("torch") for p in pip), "torch must be installed by pip (CPU wheel), not conda"
+    assert any(p.startswith("torch") for p in pip), \
+        "torch must be installed by pip (CPU wheel), not conda"
     constraints = (ROOT / "constraints.txt").read_text()
-    assert re.search(r"^torch==\d+\.\d+\.\d+$", constraints, re.M), "constraints.txt must pin torch exactly"
-    pins = {normalise(line)[0] for line in constraints.splitlines() if line and not line.startswith("#")}
+    assert re.search(r"^torch==\d+\.\d+\.\d+$", constraints, re.M), \
+        "constraints.txt must pin torch exactly"
+    pins = {normalise(line)[0] for line in constraints.splitlines()
+            if line and not line.startswith("#")}
     missing = {name for name, _, _ in pyproject_requirements()} - pins
     assert not missing, f"constraints.txt pins no version for {sorted(missing)}"

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from course_lib.measure import threads
 from course_lib.models import TinyTransformer
 from course_lib.stacking.induction import (
     ablate_head,
@@ -31,10 +32,8 @@ from course_lib.train import IGNORE_INDEX
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with threads(1):
+        yield
 
 
 # ---------------------------------------------------------------- induction

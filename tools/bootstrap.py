@@ -5,7 +5,8 @@
     python3 tools/bootstrap.py test    # the whole test suite (unit tests, nbval, exercises)
     python3 tools/bootstrap.py setup   # only create/refresh .venv
 
-Standard library only, so it runs on a fresh machine (Linux, macOS, Windows: `py tools\\bootstrap.py`).
+Standard library only, so it runs on a fresh machine (Linux, macOS, Windows:
+`py tools\\bootstrap.py`).
 The environment lives in .venv and is rebuilt only when pyproject.toml or constraints.txt change.
 Extra arguments after `test` go to pytest (e.g. `-k lookup`).
 """
@@ -44,7 +45,7 @@ def wanted_stamp() -> str:
 
 def setup() -> None:
     """Create .venv and install the course with the pinned versions, unless already done."""
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 - this script runs before any venv exists
         sys.exit(f"The course needs Python 3.10 or newer; this is {sys.version.split()[0]}.")
     stamp = wanted_stamp()
     if PY.exists() and STAMP.exists() and STAMP.read_text() == stamp:
@@ -67,7 +68,8 @@ def setup() -> None:
 def lab(args: list[str]) -> None:
     setup()
     say("opening JupyterLab on notebooks/00_start_here.ipynb (Ctrl-C to stop)")
-    if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and hosted machines often run as root
+    # containers and hosted machines often run as root
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
         args = ["--allow-root", *args]
     run(BIN / "jupyter", "lab", "--notebook-dir", ROOT, "notebooks/00_start_here.ipynb", *args)
 
@@ -78,6 +80,8 @@ def test(args: list[str]) -> None:
     env.pop("MPLBACKEND", None)  # notebooks need the inline backend to emit their figures
     say("checking that exercises/ matches solutions/")
     run(BIN / "course", "build-exercises", "--check", env=env)
+    say("linting the Python code (ruff, configured in pyproject.toml)")
+    run(BIN / "ruff", "check", ".", env=env)
     say("running the test suite: unit tests, notebooks (nbval), exercises, grader")
     workers = "2" if (os.cpu_count() or 1) >= 2 else "0"
     run(PY, "-m", "pytest", "-n", workers, "--dist", "loadfile",

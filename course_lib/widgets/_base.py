@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from typing import Callable
+from collections.abc import Callable
 
 import ipywidgets as widgets
 from IPython.display import Image, display
@@ -46,7 +46,8 @@ class Explorer:
         """Set any controls by name (as if a learner moved them), redraw once, return the figure."""
         unknown = set(values) - set(self.controls)
         if unknown:
-            raise ValueError(f"unknown control(s) {sorted(unknown)}; this explorer has {sorted(self.controls)}")
+            raise ValueError(f"unknown control(s) {sorted(unknown)}; "
+                             f"this explorer has {sorted(self.controls)}")
         self._quiet = True
         try:
             for name, value in values.items():

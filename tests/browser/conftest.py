@@ -27,7 +27,8 @@ CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-    "--disable-dev-shm-usage",  # containers (CI) often have a 64 MB /dev/shm; Chromium crashes in it
+    # containers (CI) often have a 64 MB /dev/shm; Chromium crashes in it
+    "--disable-dev-shm-usage",
     "--no-proxy-server",  # the lab is on loopback: never route it through an $http_proxy
 ]
 SERVER_START_TIMEOUT_S = 180  # generous: the suite shares two cores with nbval workers
@@ -215,7 +216,8 @@ def lab(_lab_server: Lab) -> Lab:
             server.url = f"http://127.0.0.1:{port}/"
             return server
         time.sleep(0.25)
-    pytest.fail(f"JupyterLab did not answer within {SERVER_START_TIMEOUT_S} s:\n" + server.log_tail())
+    pytest.fail(f"JupyterLab did not answer within {SERVER_START_TIMEOUT_S} s:\n"
+                + server.log_tail())
 
 
 @pytest.fixture

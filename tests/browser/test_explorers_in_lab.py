@@ -95,7 +95,7 @@ KERNEL_IDLE = """
 }
 """
 
-RUN_FINISHED = "() => window.__courseRun.done && (%s)()" % KERNEL_IDLE
+RUN_FINISHED = f"() => window.__courseRun.done && ({KERNEL_IDLE})()"
 
 # One record per code cell: execution count, output types and mime types, error text. Also tags
 # each cell's node with data-course-cell=<index> so Playwright can find it.
@@ -145,7 +145,8 @@ def problems_in(report: list[dict]) -> list[str]:
     """Error outputs, tracebacks on stderr, and code cells that never ran."""
     problems = []
     for cell in report:
-        where = f"cell {cell['index']} ({cell['source'].strip().splitlines()[0][:60] if not cell['empty'] else 'empty'})"
+        first = cell["source"].strip().splitlines()[0][:60] if not cell["empty"] else "empty"
+        where = f"cell {cell['index']} ({first})"
         for out in cell["outputs"]:
             if out["type"] == "error":
                 problems.append(f"{where} raised {out['text']}")
@@ -164,8 +165,9 @@ def explorer_cells(report: list[dict]) -> list[int]:
     """Cells whose outputs hold a widget view followed by an image: an explorer's `.show()`."""
     found = []
     for cell in report:
-        kinds = [("widget" if WIDGET_MIME in out["mimes"] else "image" if "image/png" in out["mimes"]
-                  else "other") for out in cell["outputs"]]
+        kinds = [("widget" if WIDGET_MIME in out["mimes"]
+                  else "image" if "image/png" in out["mimes"] else "other")
+                 for out in cell["outputs"]]
         if "widget" in kinds and "image" in kinds[kinds.index("widget"):]:
             found.append(cell["index"])
     return found
@@ -189,7 +191,8 @@ def nudge_control(page, cell) -> str:
         page.keyboard.press(key)
         if before is not None:
             page.wait_for_function("([el, text]) => el.innerText !== text",
-                                   arg=[readout.element_handle(), before], timeout=REDRAW_TIMEOUT_MS)
+                                   arg=[readout.element_handle(), before],
+                                   timeout=REDRAW_TIMEOUT_MS)
             return f"moved the slider from {before} to {readout.inner_text()} ({key})"
         return f"moved the slider ({key})"
     select = cell.locator(".widget-dropdown select").first
@@ -220,7 +223,8 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
     SCREENSHOTS.mkdir(exist_ok=True)
     for old in SCREENSHOTS.glob(f"{shot_name}*.png"):  # no stale pictures from an earlier run
         old.unlink()
@@ -230,12 +234,14 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
     lecture_dir = REPO / "notebooks"
     extras = lecture_dir.iterdir() if source.parent == lecture_dir else []
     for extra in extras:  # anything a lecture reads from its own folder (data, pictures)
-        if extra.suffix != ".ipynb" and not extra.name.startswith(".") and extra.name != "__pycache__":
+        hidden = extra.name.startswith(".") or extra.name == "__pycache__"
+        if extra.suffix != ".ipynb" and not hidden:
             copy = shutil.copytree if extra.is_dir() else shutil.copyfile
             copy(extra, lab.root / "notebooks" / extra.name)
 
     console = []
-    page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}")
+            if msg.type == "error" else None)
     page.on("pageerror", lambda err: console.append(f"pageerror: {err}"))
 
     def context() -> str:
@@ -261,7 +267,8 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
         page.wait_for_function(RUN_FINISHED, timeout=RUN_ALL_TIMEOUT_MS, polling=250)
     except Exception as e:
         page.screenshot(path=str(SCREENSHOTS / f"{shot_name}_unfinished.png"))
-        pending = [c["index"] for c in page.evaluate(CELL_REPORT) if c["count"] is None and not c["empty"]]
+        pending = [c["index"] for c in page.evaluate(CELL_REPORT)
+                   if c["count"] is None and not c["empty"]]
         pytest.fail(f"run-all did not finish in {RUN_ALL_TIMEOUT_MS // 1000} s (cells not run: "
                     f"{pending}): {e}{context()}")
     run = page.evaluate("() => window.__courseRun")
@@ -285,7 +292,8 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
         except Exception:
             page.screenshot(path=str(SCREENSHOTS / f"{shot_name}_no_widgets.png"))
             pytest.fail(f"cell {index}: the explorer's controls did not render (is the "
-                        f"jupyterlab_widgets extension found?):\n{cell.inner_text()[:500]}{context()}")
+                        "jupyterlab_widgets extension found?):\n"
+                        f"{cell.inner_text()[:500]}{context()}")
         cell.scroll_into_view_if_needed()
         before = page.evaluate(IMAGES_IN_CELL, index)
         assert before.startswith("data:image/png"), f"cell {index}: no figure under the controls"
@@ -301,7 +309,8 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
         cell.scroll_into_view_if_needed()
         suffix = "" if k == 0 else f"_{k + 1}"
         page.screenshot(path=str(SCREENSHOTS / f"{shot_name}{suffix}_lab.png"))
-        cell.screenshot(path=str(SCREENSHOTS / f"{shot_name}{suffix}.png"))  # code, controls, figure
+        # the cell alone: code, controls, figure
+        cell.screenshot(path=str(SCREENSHOTS / f"{shot_name}{suffix}.png"))
 
     # After the learner's moves: still no errors anywhere.
     report = page.evaluate(CELL_REPORT)
