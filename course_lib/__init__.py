@@ -14,8 +14,11 @@ One module per idea, in the order the chapters meet them:
     linear_attention  chapter 09  linear attention: parallel and recurrent forms
     stacking    chapter 10  induction, the trophy and the suitcase, real text; shipped models
 
-plus `checks` (exercise checkers), `widgets` (interactive explorers), `env` (environment
-report). The `course` command lives apart, in `course_tools`, which this package never imports.
+plus the shared mechanisms every chapter uses, one home each: `validate` (input checks with one
+message style), `measure` (the one timer, peak memory, thread counts), `train` (the seeded
+training loop), `env` (environment report, Triton detection); and `checks` (exercise checkers),
+`widgets` (interactive explorers). `parallel` holds chapter 06's serial-vs-parallel measurement.
+The `course` command lives apart, in `course_tools`, which this package never imports.
 """
 
 __version__ = "0.1.0"
