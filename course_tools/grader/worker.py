@@ -22,11 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-if __name__ == "__main__":
-    # The worker never validates notebooks; skip jsonschema's optional IRI checker, whose grammar
-    # takes seconds to import (nbclient imports nbformat, which imports jsonschema).
-    sys.modules.setdefault("rfc3987_syntax", None)
-
 import nbformat
 
 GRACE_S = 10  # after interrupting a timed-out cell, wait at most this long before killing it
