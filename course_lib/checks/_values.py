@@ -1,8 +1,8 @@
 """Reading the values a learner commits in predict and experiment exercises.
 
-A prediction or a measurement is a plain value in the learner's notebook (a number, a dict of
-numbers, one of a few words); these helpers turn every wrong form (None, the wrong type, a
-missing entry, NaN) into feedback that says what to write, never a crash.
+A prediction or a measurement is a plain value in the learner's notebook (a number, True or
+False, a dict of numbers, one of a few words); these helpers turn every wrong form (None, the
+wrong type, a missing entry, NaN) into feedback that says what to write, never a crash.
 """
 
 from __future__ import annotations
@@ -10,24 +10,45 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
-from course_lib.checks._core import fail, to_tensor
+from course_lib.checks._core import fail
 
 
-def read_number(got: Any, what: str) -> float:
-    """One finite number, from a Python number, a NumPy scalar or a one-element tensor."""
+def read_number(got: Any, what: str, low: float = -math.inf, high: float = math.inf,
+                kind: str = "a number") -> float:
+    """One finite number in [low, high], from a Python or NumPy number or a one-element tensor
+    or array; anything else (None, a bool, a string, a list) fails naming `what`."""
     if got is None:
-        fail(f"{what} is None: write your number into it before you run the check.")
-    if isinstance(got, bool):
-        fail(f"{what} should be a number, got {got!r}.")
-    t = to_tensor(got, what, dtype=torch.float64)
-    if t.numel() != 1:
-        fail(f"{what} should be one number, got {t.numel()} (shape {tuple(t.shape)}).")
-    value = float(t.reshape(()))
-    if not math.isfinite(value):
-        fail(f"{what} should be one finite number, got {value}.")
-    return value
+        fail(f"{what} is None: write your number into it (and run that cell) before you run the "
+             "check.")
+    if isinstance(got, torch.Tensor) and got.numel() == 1 and not got.dtype.is_complex:
+        got = got.item()
+    elif isinstance(got, np.ndarray) and got.size == 1 and got.dtype.kind in "iuf":
+        got = got.item()
+    elif isinstance(got, np.generic) and got.dtype.kind in "iuf":
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        fail(f"{what} should be {kind}, got a {type(got).__name__}: {str(got)[:60]}.")
+    if not math.isfinite(got):
+        fail(f"{what} should be one finite number, got {got}.")
+    if not low <= got <= high:
+        fail(f"{what} = {got:g} is outside the possible range [{low:g}, {high:g}].")
+    return float(got)
+
+
+def read_bool(got: Any, what: str) -> bool:
+    """True or False (a one-element tensor or 0/1 also do), or feedback naming `what`."""
+    if got is None:
+        fail(f"{what} is None: write True or False in it (and run that cell).")
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, int) and not isinstance(got, bool) and got in (0, 1):
+        got = bool(got)
+    if not isinstance(got, bool):
+        fail(f"{what} should be True or False, got a {type(got).__name__}: {str(got)[:60]}.")
+    return got
 
 
 def read_numbers(got: Any, name: str, keys: tuple) -> dict:

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import course_lib.multihead as multihead
-from course_lib.checks._answers import number
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import Check, each, hint, value
+from course_lib.checks._values import read_number
 
 __all__ = ["split_heads", "merge_heads", "multi_head_attention", "flop_growth",
            "previous_token_score", "hint"]
@@ -240,8 +240,8 @@ def measured_flops(num_heads: int, n: int = FLOP_N, d_head: int = FLOP_D_HEAD) -
 
 
 def _flop_judge(cases: list, outcomes: list) -> str:
-    got = number(value(outcomes[0], "predicted_growth"), "predicted_growth", 0, 1e6,
-                 "a number (how many times more FLOPs)")
+    got = read_number(value(outcomes[0], "predicted_growth"), "predicted_growth", 0, 1e6,
+                      "a number (how many times more FLOPs)")
     one, four = (measured_flops(h) for h in FLOP_HEADS)
     growth = four / one
     gap = (f"you predicted {got:g}x; the count went from {one:,} to {four:,} FLOPs, {growth:g}x")

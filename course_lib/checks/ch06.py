@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 
 import course_lib.recurrent as recurrent
-from course_lib.checks._answers import number
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import Check, each, hint, value
+from course_lib.checks._values import read_number
 
 __all__ = ["rnn_step", "run_rnn", "gradient_vs_distance", "memory_numbers", "predicted_ratio",
            "rnn_far", "hint"]
@@ -303,8 +303,8 @@ BOOK_TOKENS, BOOK_LAYERS, BOOK_WIDTH = 100_000, 32, 4096
 
 
 def _book_judge(cases: list, outcomes: list) -> str:
-    got = number(value(outcomes[0], "predicted_ratio"), "predicted_ratio", 0, 1e15,
-                 "a number (how many times more)")
+    got = read_number(value(outcomes[0], "predicted_ratio"), "predicted_ratio", 0, 1e15,
+                      "a number (how many times more)")
     memory = recurrent.state_memory(BOOK_TOKENS, BOOK_WIDTH, BOOK_LAYERS)
     ratio = memory["attention_numbers"] / memory["rnn_numbers"]
     gap = (f"you predicted {got:,.0f}x; attention keeps {memory['attention_numbers']:,} numbers, "
@@ -355,8 +355,8 @@ def measured_far() -> float:
 
 
 def _far_judge(cases: list, outcomes: list) -> str:
-    got = number(value(outcomes[0], "rnn_far"), "rnn_far", 0, 1e30,
-                 "a number (g[0] / g[-1])")
+    got = read_number(value(outcomes[0], "rnn_far"), "rnn_far", 0, 1e30,
+                      "a number (g[0] / g[-1])")
     want = measured_far()
     if abs(got - want) <= 0.02 * want:
         return (f"rnn_far: {got:.2e}. The first token's gradient reaches the last output "

@@ -10,9 +10,9 @@ import torch
 
 import course_lib.position as position
 from course_lib.attention import scaled_dot_product_attention as _sdpa
-from course_lib.checks._answers import boolean, number
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import Check, each, hint, value
+from course_lib.checks._values import read_bool, read_number
 from course_lib.position import apply_rope as _rope
 
 __all__ = ["causal_is_blind", "causal_gap", "apply_rope", "cached_attention_step",
@@ -50,7 +50,7 @@ def order_gaps() -> tuple[float, float]:
 
 
 def _blind_judge(cases: list, outcomes: list) -> str:
-    got = boolean(value(outcomes[0], "causal_is_blind"), "causal_is_blind")
+    got = read_bool(value(outcomes[0], "causal_is_blind"), "causal_is_blind")
     causal, unmasked = order_gaps()
     gap = (f"shuffling the 6 inputs moves the causal outputs by up to {causal:.4f} beyond a "
            f"shuffle (without the mask: {unmasked:.1e}, rounding only)")
@@ -81,8 +81,8 @@ causal_is_blind = Check(
 
 
 def _gap_judge(cases: list, outcomes: list) -> str:
-    got = number(value(outcomes[0], "causal_gap"), "causal_gap", 0, 1e6,
-                 "a number (the largest absolute difference)")
+    got = read_number(value(outcomes[0], "causal_gap"), "causal_gap", 0, 1e6,
+                      "a number (the largest absolute difference)")
     causal, unmasked = order_gaps()
     if abs(got - causal) <= 1e-4 * max(1.0, causal):
         return (f"causal_gap: {got:.4f}, the same as the check's run: a causal layer without "

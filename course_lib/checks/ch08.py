@@ -13,11 +13,11 @@ import torch.nn.functional as F
 
 import course_lib.flash as flash
 import course_lib.flash.tiled as tiled
-from course_lib.checks._answers import number
 from course_lib.checks._ch08_backward import flash_backward
 from course_lib.checks._ch08_kernels import row_softmax, triton_inner_step
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import Check, each, hint, value
+from course_lib.checks._values import read_number
 
 __all__ = ["online_update", "causal_tiled", "causal_fraction", "measured_causal_fraction",
            "triton_inner_step", "row_softmax", "flash_backward", "hint"]
@@ -261,8 +261,8 @@ def _why(measured: float) -> str:
 
 
 def _fraction_judge(cases: list, outcomes: list) -> str:
-    got = number(value(outcomes[0], "predicted_fraction"), "predicted_fraction", 0, 1,
-                 "a fraction between 0 and 1")
+    got = read_number(value(outcomes[0], "predicted_fraction"), "predicted_fraction", 0, 1,
+                      "a fraction between 0 and 1")
     measured = measured_fraction()
     gap = f"you predicted {got:.3f}, the count gives {measured:.4f}"
     if abs(got - measured) <= 0.03:
@@ -292,8 +292,8 @@ causal_fraction = Check(
 
 
 def _measured_judge(cases: list, outcomes: list) -> str:
-    got = number(value(outcomes[0], "causal_over_full"), "causal_over_full", 0, 10,
-                 "a number (causal FLOPs / full FLOPs)")
+    got = read_number(value(outcomes[0], "causal_over_full"), "causal_over_full", 0, 10,
+                      "a number (causal FLOPs / full FLOPs)")
     measured = measured_fraction()
     if abs(got - measured) <= 0.005:
         return (f"measured_causal_fraction: {got:.4f} of the full FLOPs, as FlopCounterMode "
