@@ -94,13 +94,13 @@ def test_unscaled_scores_start_saturated_at_large_d_k():
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
 def test_bad_sizes_raise_value_errors_naming_the_argument(bad):
-    with pytest.raises(ValueError, match="width should be a positive int"):
+    with pytest.raises(ValueError, match="width must be a positive integer"):
         KindLookup(width=bad)
-    with pytest.raises(ValueError, match="d_k should be a positive int"):
+    with pytest.raises(ValueError, match="d_k must be a positive integer"):
         CopyPrevious(d_k=bad)
-    with pytest.raises(ValueError, match="size should be a positive int"):
+    with pytest.raises(ValueError, match="size must be a positive integer"):
         kind_lookup_batch(torch.Generator(), size=bad)
-    with pytest.raises(ValueError, match="n should be a positive int"):
+    with pytest.raises(ValueError, match="n must be a positive integer"):
         copy_previous_batch(torch.Generator(), n=bad)
 
 

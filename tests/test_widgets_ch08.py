@@ -41,7 +41,7 @@ def test_steps_match_softmax_and_attention():
 def test_bad_inputs():
     with pytest.raises(ValueError, match="values must have shape"):
         online_softmax_stepper(scores=np.zeros(5), values=np.zeros((4, 2)))
-    with pytest.raises(ValueError, match="block_size must be a positive int"):
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
         online_softmax_stepper(block_size=0)
     with pytest.raises(ValueError, match="unknown control"):
         online_softmax_stepper().update(tile=2)

@@ -31,6 +31,7 @@ from course_lib.attention import scaled_dot_product_attention
 from course_lib.masks import causal_mask
 from course_lib.measure import best_time, threads
 from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
+from course_lib.validate import check_count
 
 __all__ = ["Layer", "layer_flops", "count_flops", "attention_share", "crossover_length",
            "crossover_from_counts", "time_parts", "WIDTHS"]
@@ -42,12 +43,6 @@ WIDTHS = {"GPT-2 small (d = 768)": {"d_model": 768, "num_heads": 12},
           "7B (d = 4096)": {"d_model": 4096, "num_heads": 32}}
 
 
-def _positive(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 class Layer(nn.Module):
     """x + attn(ln1(x)), then x + mlp(ln2(x)): the layer whose work is counted and timed.
 
@@ -56,7 +51,7 @@ class Layer(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_mlp: int | None = None):
         super().__init__()
-        d_mlp = 4 * d_model if d_mlp is None else _positive(d_mlp, "d_mlp")
+        d_mlp = 4 * d_model if d_mlp is None else check_count(d_mlp, "d_mlp")
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = MultiHeadAttention(d_model, num_heads)
         self.ln2 = nn.LayerNorm(d_model)
@@ -69,8 +64,8 @@ class Layer(nn.Module):
 
 def layer_flops(n: int, d_model: int, d_mlp: int | None = None) -> dict[str, int]:
     """The closed form above for one sequence of n tokens: FLOPs of each part, and the total."""
-    n, d = _positive(n, "n"), _positive(d_model, "d_model")
-    d_mlp = 4 * d if d_mlp is None else _positive(d_mlp, "d_mlp")
+    n, d = check_count(n, "n"), check_count(d_model, "d_model")
+    d_mlp = 4 * d if d_mlp is None else check_count(d_mlp, "d_mlp")
     parts = {"qkv": 6 * n * d * d, "out": 2 * n * d * d, "mlp": 4 * n * d * d_mlp,
              "scores": 2 * n * n * d, "blend": 2 * n * n * d}
     return {**parts, "total": sum(parts.values())}
@@ -81,7 +76,7 @@ def count_flops(n: int, d_model: int, num_heads: int, d_mlp: int | None = None,
     """FLOPs of one `Layer` on (1, n, d_model), counted by FlopCounterMode, split into the same
     parts as `layer_flops`: qkv, out, mlp, and "scores+blend" (what runs inside the attention
     module but outside its four projections)."""
-    n = _positive(n, "n")
+    n = check_count(n, "n")
     with torch.device(device):
         layer = Layer(d_model, num_heads, d_mlp)
         x = torch.zeros(1, n, d_model)
@@ -105,8 +100,8 @@ def attention_share(flops: dict[str, int]) -> float:
 
 def crossover_length(d_model: int, d_mlp: int | None = None) -> int:
     """The closed form's n at which the score and blend products equal the rest: 2d + d_mlp."""
-    d = _positive(d_model, "d_model")
-    return 2 * d + (4 * d if d_mlp is None else _positive(d_mlp, "d_mlp"))
+    d = check_count(d_model, "d_model")
+    return 2 * d + (4 * d if d_mlp is None else check_count(d_mlp, "d_mlp"))
 
 
 def crossover_from_counts(d_model: int, num_heads: int, d_mlp: int | None = None,
@@ -138,7 +133,7 @@ def time_parts(lengths, d_model: int = 128, num_heads: int = 2, d_mlp: int | Non
     rows = []
     with threads(num_threads):
         for n in lengths:
-            times = _time_one(layer, _positive(n, "n"), num_heads, repeats)
+            times = _time_one(layer, check_count(n, "n"), num_heads, repeats)
             rows.append({"n": int(n), **times, "share": times["attention"] / sum(times.values())})
     return rows
 

@@ -22,10 +22,7 @@ import math
 import torch
 import torch.nn as nn
 
-
-def _positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} should be a positive int, got {value!r}")
+from course_lib.validate import check_count
 
 
 def _init(generator: torch.Generator, *shape: int, std: float) -> nn.Parameter:
@@ -43,7 +40,7 @@ def kind_lookup_batch(generator: torch.Generator, size: int = 64, kinds: int = 8
     asked (size,) the kind the query names, target (size,) the content of the token of that kind.
     """
     for name, value in (("size", size), ("kinds", kinds), ("contents", contents)):
-        _positive_int(name, value)
+        check_count(value, name)
     kind_ids = torch.argsort(torch.rand(size, kinds, generator=generator), dim=-1)   # (B, n)
     content_ids = torch.randint(contents, (size, kinds), generator=generator)         # (B, n)
     asked = torch.randint(kinds, (size,), generator=generator)                        # (B,)
@@ -63,7 +60,7 @@ class KindLookup(nn.Module):
         super().__init__()
         for name, value in (("width", width), ("kinds", kinds), ("contents", contents),
                             ("d_model", d_model)):
-            _positive_int(name, value)
+            check_count(value, name)
         g = torch.Generator().manual_seed(seed)
         self.kind_emb = _init(g, kinds, d_model, std=1.0)
         self.content_emb = _init(g, contents, d_model, std=1.0)
@@ -96,7 +93,7 @@ def copy_previous_batch(generator: torch.Generator, size: int = 32, vocab: int =
     before token i (the first token's predecessor is the last, as in chapter 02).
     """
     for name, value in (("size", size), ("vocab", vocab), ("n", n)):
-        _positive_int(name, value)
+        check_count(value, name)
     word_ids = torch.randint(vocab, (size, n), generator=generator)                       # (B, n)
     places = (torch.randint(n, (size, 1), generator=generator) + torch.arange(n)) % n     # (B, n)
     return (word_ids, places), word_ids[:, (torch.arange(n) - 1) % n]
@@ -114,7 +111,7 @@ class CopyPrevious(nn.Module):
                  d_model: int = 16, seed: int = 0):
         super().__init__()
         for name, value in (("d_k", d_k), ("vocab", vocab), ("n", n), ("d_model", d_model)):
-            _positive_int(name, value)
+            check_count(value, name)
         g = torch.Generator().manual_seed(seed)
         self.word_emb = _init(g, vocab, d_model, std=1 / math.sqrt(2))   # x = word + place:
         self.place_emb = _init(g, n, d_model, std=1 / math.sqrt(2))      # variance 1 per entry
@@ -145,7 +142,7 @@ def reverse_translate_batch(generator: torch.Generator, size: int = 32, vocab: i
     n-1-t. Returns `(source_ids, target_ids)`, both (size, n).
     """
     for name, value in (("size", size), ("vocab", vocab), ("n", n)):
-        _positive_int(name, value)
+        check_count(value, name)
     source = torch.randint(vocab, (size, n), generator=generator)                          # (B, n)
     return source, (source.flip(-1) + 1) % vocab
 
@@ -165,7 +162,7 @@ class Aligner(nn.Module):
         if score not in ("dot", "additive"):
             raise ValueError(f"score should be 'dot' or 'additive', got {score!r}")
         for name, value in (("vocab", vocab), ("n", n), ("d", d)):
-            _positive_int(name, value)
+            check_count(value, name)
         g = torch.Generator().manual_seed(seed)
         self.word_emb = _init(g, vocab, d, std=1.0)
         self.source_pos = _init(g, n, d, std=1.0)

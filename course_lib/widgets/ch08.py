@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import numpy as np
 
+from course_lib.validate import check_count
 from course_lib.widgets._base import Explorer
 
 
@@ -47,10 +48,8 @@ def online_softmax_stepper(scores=None, values=None, block_size: int = 3, step: 
     if values.ndim != 2 or values.shape[0] != len(scores):
         raise ValueError(f"values must have shape (n, d_v) = ({len(scores)}, d_v), "
                          f"got {values.shape}")
-    is_int = isinstance(block_size, (int, np.integer)) and not isinstance(block_size, bool)
-    if not is_int or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    steps = online_softmax_steps(scores, values, int(block_size))
+    block_size = check_count(block_size, "block_size")
+    steps = online_softmax_steps(scores, values, block_size)
     final_w = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
     final_out = final_w @ values
     n, n_tiles = len(scores), len(steps)
