@@ -22,3 +22,9 @@ The `course` command lives apart, in `course_tools`, which this package never im
 """
 
 __version__ = "0.1.0"
+
+# Triton decides interpreted-or-compiled at its first import, which torch's profiler and FLOP
+# counter trigger: choose before any course module can (interpreter when there is no CUDA GPU).
+from course_lib.env import choose_triton_mode as _choose_triton_mode  # noqa: E402
+
+_choose_triton_mode()

@@ -51,6 +51,18 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def choose_triton_mode() -> None:
+    """Without a CUDA GPU, make Triton run its kernels through its CPU interpreter.
+
+    Triton fixes interpreted-or-compiled once, when it is first imported, and other libraries
+    import it as a side effect (torch's profiler and FLOP counter do). So this runs when
+    `course_lib` is imported, before any course module can pull Triton in; it sets
+    TRITON_INTERPRET=1 only if nobody set it, and costs nothing if Triton is never used.
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def triton_status() -> str:
     """One line saying how chapter 08's Triton kernel will run here.
 

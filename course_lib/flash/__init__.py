@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from course_lib.env import triton_available
+from course_lib.env import choose_triton_mode, triton_available
 from course_lib.flash.tiled import naive_attention, tiled_attention
 from course_lib.validate import check_attention
 
@@ -32,11 +32,9 @@ __all__ = ["tiled_attention", "flash_attention", "flash_attention_forward", "nai
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)
 _NOTICE_SHOWN = False
 
-# Triton fixes interpreted-or-compiled once, when it is first imported, and other libraries may
-# import it early (torch's profiler does). So on a machine without a CUDA GPU we set the variable
-# now, before anything can import Triton; it costs nothing if Triton is never used.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a CUDA GPU, Triton's interpreter (set when course_lib is imported; see
+# course_lib.env.choose_triton_mode, called again here for readers who start from this file).
+choose_triton_mode()
 
 
 class TritonUnavailableError(RuntimeError):
