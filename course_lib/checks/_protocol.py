@@ -149,6 +149,23 @@ class Check:
         return f"Check({self.id!r})"
 
 
+def _one_value(seed: int, hidden: bool) -> list:
+    return [None]  # a committed value is judged once: there are no inputs to vary
+
+
+def _the_value(value: Any, case: Any) -> Any:
+    return value  # the kernel's whole part: hand back what the learner committed
+
+
+def value_check(*, id: str, judge: Callable[[list, list], str], hints: tuple[str, ...] = (),
+                grade_ids: tuple[str, ...] = (), forbid: tuple = ()) -> Check:
+    """A predict or experiment check: the learner commits a value (a prediction, a measured
+    number) and `judge` compares it with the grader's own run; nothing of the learner's is
+    called."""
+    return Check(id=id, cases=_one_value, run=_the_value, judge=judge, hints=hints,
+                 grade_ids=grade_ids, forbid=forbid)
+
+
 def _reference_of(failure: CheckFailure) -> dict:
     return {"reference": failure.reference} if isinstance(failure, ReferenceCall) else {}
 

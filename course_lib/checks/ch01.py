@@ -8,7 +8,7 @@ import torch
 
 import course_lib.lookup as lookup
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._protocol import Check, each, hint, value_check
 from course_lib.checks._values import read_numbers
 
 __all__ = ["similarity_scores", "softmax_weights", "soft_lookup", "query_gradient",
@@ -234,10 +234,8 @@ def _temperature_judge(cases: list, outcomes: list) -> str:
             "average of the values.")
 
 
-temperature_prediction = Check(
+temperature_prediction = value_check(
     id="ch01.temperature_prediction",
-    cases=lambda seed, hidden: [None],
-    run=lambda value, case: value,
     judge=_temperature_judge,
     hints=(
         "Think about the two extremes of the temperature: what a softmax does to scores divided "

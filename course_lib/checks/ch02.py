@@ -11,7 +11,7 @@ import course_lib.attention as attention
 from course_lib.attention import scaled_dot_product_attention as _reference_attention
 from course_lib.attention import softmax as _reference_softmax
 from course_lib.checks._core import call, expect_close, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._protocol import Check, each, hint, value_check
 from course_lib.checks._values import read_choice, read_numbers
 
 __all__ = ["attention_scores", "softmax_rows", "self_attention", "batched_attention",
@@ -299,10 +299,8 @@ def _shuffle_judge(cases: list, outcomes: list) -> str:
             "permutation-equivariant; order has to come from elsewhere, chapter 07).")
 
 
-shuffle_prediction = Check(
+shuffle_prediction = value_check(
     id="ch02.shuffle_prediction",
-    cases=lambda seed, hidden: [None],
-    run=lambda value, case: value,
     judge=_shuffle_judge,
     hints=(
         "Ask what a token's output depends on: its own query, and all the keys and values. "
@@ -349,10 +347,8 @@ def _dilution_judge(cases: list, outcomes: list) -> str:
             "context grows.")
 
 
-dilution_experiment = Check(
+dilution_experiment = value_check(
     id="ch02.dilution_experiment",
-    cases=lambda seed, hidden: [None],
-    run=lambda value, case: value,
     judge=_dilution_judge,
     hints=(
         "Measure it: many random queries, each scored against n random keys, and for each query "

@@ -10,7 +10,7 @@ import torch
 
 from course_lib.attention import softmax as _softmax
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._protocol import Check, each, hint, value_check
 from course_lib.checks._values import read_numbers
 
 __all__ = ["predicted_variance", "measured_variance", "entropy", "entropy_prediction",
@@ -110,10 +110,8 @@ def _measured_judge(cases: list, outcomes: list) -> str:
             f"({measured[16]:.1f} at 16, {measured[256]:.0f} at 256), as predicted.")
 
 
-measured_variance = Check(
+measured_variance = value_check(
     id="ch03.measured_variance",
-    cases=lambda seed, hidden: [None],
-    run=lambda value, case: value,
     judge=_measured_judge,
     hints=(
         "Measure, do not derive: draw many random queries and keys, score every query against "
@@ -279,10 +277,8 @@ def _entropy_prediction_judge(cases: list, outcomes: list) -> str:
             "uniform weights.")
 
 
-entropy_prediction = Check(
+entropy_prediction = value_check(
     id="ch03.entropy_prediction",
-    cases=lambda seed, hidden: [None],
-    run=lambda value, case: value,
     judge=_entropy_prediction_judge,
     hints=(
         "Two facts decide it: how spread out the raw scores are at d_k = 256, and what a "

@@ -11,7 +11,7 @@ import course_lib.attention as attention
 import course_lib.masks as masks
 from course_lib.attention import softmax as _softmax
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint
+from course_lib.checks._protocol import Check, each, hint, value_check
 from course_lib.checks._values import read_numbers
 
 __all__ = ["causal_mask", "padding_mask", "to_additive", "masked_softmax", "causal_attention",
@@ -362,10 +362,8 @@ def _soft_mask_judge(cases: list, outcomes: list) -> str:
             "the future when its penalty dwarfs the spread of the scores.")
 
 
-soft_mask_experiment = Check(
+soft_mask_experiment = value_check(
     id="ch04.soft_mask_experiment",
-    cases=lambda seed, hidden: [None],
-    run=lambda value, case: value,
     judge=_soft_mask_judge,
     hints=(
         "Mask softly instead of with -inf: push the blocked scores down by a finite amount and "

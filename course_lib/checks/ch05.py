@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import course_lib.multihead as multihead
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value
+from course_lib.checks._protocol import Check, each, hint, value, value_check
 from course_lib.checks._values import read_number
 
 __all__ = ["split_heads", "merge_heads", "multi_head_attention", "flop_growth",
@@ -261,10 +261,8 @@ def _flop_judge(cases: list, outcomes: list) -> str:
     fail(f"{gap}: {why}")
 
 
-flop_growth = Check(
+flop_growth = value_check(
     id="ch05.flop_growth",
-    cases=lambda seed, hidden: [None],
-    run=lambda prediction, case: prediction,
     judge=_flop_judge,
     hints=(
         "Split the cost into the part that does not care about heads (the projections) and the "

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import course_lib.recurrent as recurrent
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value
+from course_lib.checks._protocol import Check, each, hint, value, value_check
 from course_lib.checks._values import read_number
 
 __all__ = ["rnn_step", "run_rnn", "gradient_vs_distance", "memory_numbers", "predicted_ratio",
@@ -321,10 +321,8 @@ def _book_judge(cases: list, outcomes: list) -> str:
     fail(f"{gap}: {why}")
 
 
-predicted_ratio = Check(
+predicted_ratio = value_check(
     id="ch06.predicted_ratio",
-    cases=lambda seed, hidden: [None],
-    run=lambda prediction, case: prediction,
     judge=_book_judge,
     hints=(
         "Count what each model must keep per layer to write the next token, and notice which "
@@ -373,10 +371,8 @@ def _far_judge(cases: list, outcomes: list) -> str:
          f"{want:.2e}. Use exactly those, and your gradient_vs_distance from exercise 3.")
 
 
-rnn_far = Check(
+rnn_far = value_check(
     id="ch06.rnn_far",
-    cases=lambda seed, hidden: [None],
-    run=lambda measured, case: measured,
     judge=_far_judge,
     hints=(
         "Your gradient_vs_distance already measures how hard each input pulls on the last "

@@ -11,7 +11,7 @@ import torch
 import course_lib.position as position
 from course_lib.attention import scaled_dot_product_attention as _sdpa
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value
+from course_lib.checks._protocol import Check, each, hint, value, value_check
 from course_lib.checks._values import read_bool, read_number
 from course_lib.position import apply_rope as _rope
 
@@ -62,10 +62,8 @@ def _blind_judge(cases: list, outcomes: list) -> str:
     return f"causal_is_blind: you predicted not blind, and {gap}: {why}"
 
 
-causal_is_blind = Check(
+causal_is_blind = value_check(
     id="ch07.causal_is_blind",
-    cases=lambda seed, hidden: [None],
-    run=lambda prediction, case: prediction,
     judge=_blind_judge,
     hints=(
         "The permutation argument of section 1 assumed every query sees every key. Does that "
@@ -96,10 +94,8 @@ def _gap_judge(cases: list, outcomes: list) -> str:
          "difference.")
 
 
-causal_gap = Check(
+causal_gap = value_check(
     id="ch07.causal_gap",
-    cases=lambda seed, hidden: [None],
-    run=lambda measured, case: measured,
     judge=_gap_judge,
     hints=(
         "Equivariance means 'shuffle in, the same shuffle out': compare the output for the "

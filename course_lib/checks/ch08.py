@@ -16,7 +16,7 @@ import course_lib.flash.tiled as tiled
 from course_lib.checks._ch08_backward import flash_backward
 from course_lib.checks._ch08_kernels import row_softmax, triton_inner_step
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value
+from course_lib.checks._protocol import Check, each, hint, value, value_check
 from course_lib.checks._values import read_number
 
 __all__ = ["online_update", "causal_tiled", "causal_fraction", "measured_causal_fraction",
@@ -273,10 +273,8 @@ def _fraction_judge(cases: list, outcomes: list) -> str:
     fail(f"{gap}: {_why(measured)}")
 
 
-causal_fraction = Check(
+causal_fraction = value_check(
     id="ch08.causal_fraction",
-    cases=lambda seed, hidden: [None],
-    run=lambda prediction, case: prediction,
     judge=_fraction_judge,
     hints=(
         "Draw the grid of tiles and shade the ones a causal query block must still compute: "
@@ -312,10 +310,8 @@ def _measured_judge(cases: list, outcomes: list) -> str:
          "fraction: use exactly those sizes, one head, the same inputs for both calls.")
 
 
-measured_causal_fraction = Check(
+measured_causal_fraction = value_check(
     id="ch08.measured_causal_fraction",
-    cases=lambda seed, hidden: [None],
-    run=lambda measured, case: measured,
     judge=_measured_judge,
     hints=(
         "Let PyTorch count for you: run the course's tiled attention once with the causal mask "

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import course_lib.attention as attention
 import course_lib.linear_attention as linear
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, value
+from course_lib.checks._protocol import Check, value, value_check
 from course_lib.cost import crossover_length
 
 SOLUTIONS = "the worked answer is in solutions/09_paying_less.ipynb"
@@ -175,9 +175,8 @@ def _predict_judge(cases: list, outcomes: list) -> str:
          "Write both sides as FLOPs of n and d (2 per multiply-add) and solve for n.")
 
 
-predicted_crossover = Check(
+predicted_crossover = value_check(
     id="ch09.predicted_crossover",
-    cases=lambda seed, hidden: [None], run=lambda prediction, case: prediction,
     judge=_predict_judge,
     hints=("Count both sides in multiply-adds: what grows like n·d² and what grows like n²·d?",
            "The rest of the layer is four d x d projections and an MLP d -> 4d -> d; the "

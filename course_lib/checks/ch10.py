@@ -14,7 +14,7 @@ from torch import nn
 import course_lib.models.block as block_module
 import course_lib.multihead as multihead
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value
+from course_lib.checks._protocol import Check, each, hint, value, value_check
 
 __all__ = ["transformer_block", "ablate_head", "one_layer_accuracy", "ablated_accuracy", "hint"]
 
@@ -285,9 +285,8 @@ def _one_layer_judge(cases: list, outcomes: list) -> str:
          "showed, which beats 1/32.")
 
 
-one_layer_accuracy = Check(
+one_layer_accuracy = value_check(
     id="ch10.one_layer_accuracy",
-    cases=lambda seed, hidden: [None], run=lambda prediction, case: prediction,
     judge=_one_layer_judge,
     hints=("Think about what a key in a one-layer model can know about the position it sits at.",
            "The answer B stands after the earlier A. For a query 'I am A' to find it, B's key "
