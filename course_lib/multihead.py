@@ -16,11 +16,13 @@ import torch
 import torch.nn as nn
 
 from course_lib.attention import grouped_query_attention
+from course_lib.position import apply_rope
 from course_lib.validate import (
     check_count,
     check_float_tensor,
     check_kv_heads,
     check_mask,
+    check_positions,
     wrong_shape,
 )
 
@@ -46,11 +48,13 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: out = concat(head_1, ..., head_h) W_Oᵀ + b_O.
 
-    forward(query, key=None, value=None, mask=None) -> (out, weights)
+    forward(query, key=None, value=None, mask=None, *, positions=None, cache=None, layer=0)
+      -> (out, weights)
       query (B, n_q, d); key, value (B, n_k, d): key defaults to query (self-attention) and
       value to key;
       mask: bool (True = may attend) or additive float, of shape (n_q, n_k), (B, n_q, n_k),
       (B, 1, n_k) (a padding mask) or (B, heads, n_q, n_k); size-1 dims broadcast.
+      positions, cache (chapter 07): rotary positions for q and k, a KV cache to append to.
       out (B, n_q, d); weights (B, heads, n_q, n_k).
 
     num_kv_heads=g < num_heads (chapter 09): grouped-query attention. K and V get g heads of
@@ -74,7 +78,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_kv, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O mixes the heads
 
-    def _check(self, query, key, value, mask) -> None:
+    def _check(self, query, key, value, mask, positions, cache) -> None:
         wanted = f"(batch, n, d_model={self.d_model})"
         for name, t in (("query", query), ("key", key), ("value", value)):
             check_float_tensor(t, name, wanted)
@@ -91,6 +95,16 @@ class MultiHeadAttention(nn.Module):
         if key.shape[0] != query.shape[0]:
             raise ValueError(f"query has batch {query.shape[0]} but key has batch {key.shape[0]}")
         batch, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
+        if positions is not None:
+            check_positions(positions, batch, n_q, "query")
+            if n_k != n_q:
+                raise ValueError(f"positions are the query tokens' positions, and the keys get "
+                                 f"the same ones: wanted as many keys as queries, got n_q={n_q} "
+                                 f"and n_k={n_k}")
+            if self.d_head % 2:
+                raise ValueError(f"positions rotate q and k (RoPE) in pairs of columns, but "
+                                 f"d_head = d_model / num_heads = {self.d_head} is odd")
+        n_k += 0 if cache is None else cache.length  # the cached keys come first
         # a 3-d mask is (batch, n_q, n_k), the same for every head: forward adds the head axis
         is_3d = isinstance(mask, torch.Tensor) and mask.dim() == 3
         scores = (batch, n_q, n_k) if is_3d else (batch, self.num_heads, n_q, n_k)
@@ -100,15 +114,28 @@ class MultiHeadAttention(nn.Module):
             f"{self.num_heads}, {n_q}, {n_k}); size-1 dims broadcast"))
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
-                value: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+                value: torch.Tensor | None = None, mask: torch.Tensor | None = None, *,
+                positions: torch.Tensor | None = None, cache=None, layer: int = 0):
+        """softmax(q kᵀ/√d_head + M) v for every head, mixed by W_O -> (out, weights).
+
+        positions (chapter 07): the query tokens' integer positions, (n_q,) or (B, n_q); q and k
+        are then rotated by them (RoPE) after the heads are split. cache (chapter 07): a
+        `KVCache`; this layer's new keys and values are appended to it (already rotated) and the
+        queries attend over everything it holds, so n_k = cache.length + the new keys.
+        """
         key = query if key is None else key
         value = key if value is None else value
-        self._check(query, key, value, mask)
+        self._check(query, key, value, mask, positions, cache)
         if mask is not None and mask.dim() == 3:
             mask = mask[:, None]  # (B, 1, n_q or 1, n_k): the same mask for every head
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, h, n_q, d_head)
         k = split_heads(self.k_proj(key), self.num_kv_heads)    # (B, g, n_k, d_head)
         v = split_heads(self.v_proj(value), self.num_kv_heads)  # (B, g, n_k, d_head)
+        if positions is not None:
+            at = positions[:, None, :] if positions.dim() == 2 else positions  # (B, 1, n) or (n,)
+            q, k = apply_rope(q, at), apply_rope(k, at)  # every head turned by its token's place
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # (B, g, S, d_head): the past keys, then the new
         heads, weights = grouped_query_attention(q, k, v, mask=mask)  # (B, h, n_q, d_head)
         # weights: (B, h, n_q, n_k)
         out = self.out_proj(merge_heads(heads))  # (B, n_q, d)

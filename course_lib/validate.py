@@ -18,7 +18,8 @@ import numbers
 import torch
 
 __all__ = ["shape_of", "wrong_shape", "check_count", "check_number", "check_scale",
-           "check_float_tensor", "check_qkv", "check_mask", "check_attention", "check_kv_heads"]
+           "check_float_tensor", "check_qkv", "check_mask", "check_attention", "check_kv_heads",
+           "check_positions"]
 
 
 def shape_of(x) -> tuple[int, ...]:
@@ -160,3 +161,15 @@ def check_kv_heads(num_heads, num_kv_heads, shapes: str = "") -> int:
         raise ValueError(f"num_heads={num_heads} is not divisible by num_kv_heads={g}: the query "
                          f"heads come in g groups of h/g{shapes}")
     return g
+
+
+def check_positions(positions, batch: int, n: int, name: str = "x") -> None:
+    """Token positions for RoPE: a real (usually integer) tensor of shape (n,) or (batch, n)."""
+    if not isinstance(positions, torch.Tensor):
+        raise ValueError(f"positions must be a torch.Tensor of shape ({n},) or ({batch}, {n}), "
+                         f"got {type(positions).__name__}")
+    if positions.is_complex() or positions.dtype == torch.bool:
+        raise ValueError(f"positions must be integers or real numbers, got dtype {positions.dtype}")
+    if tuple(positions.shape) not in ((n,), (batch, n)):
+        raise wrong_shape("positions", positions, f"({n},) or (batch, n)=({batch}, {n}): one "
+                                                  f"position per token of {name}")

@@ -116,3 +116,24 @@ def test_grouped_key_value_heads_equal_sdpa_with_enable_gqa():
         torch.testing.assert_close(block(x, causal_mask(9)), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="num_kv_heads"):
         TransformerBlock(32, 8, 64, num_kv_heads=3)
+
+
+def test_a_3d_padding_mask_means_the_same_with_positions_and_a_cache():
+    """Issue 24: with batch == heads, a (B, n_q, n_k) mask must stay on the batch axis whether
+    or not positions or a cache come along (the block once had a second route that forgot)."""
+    from course_lib.models.transformer import KVCache
+    torch.manual_seed(8)
+    batch = heads = 4
+    block = TransformerBlock(16, heads, 32).eval()
+    x = torch.randn(batch, 6, 16)
+    real = torch.arange(6)[None, :] < torch.tensor([6, 4, 3, 1])[:, None]  # (B, n_k)
+    m3 = (causal_mask(6)[None] & real[:, None, :]) | torch.eye(6, dtype=torch.bool)  # (B, 6, 6)
+    with torch.no_grad():
+        plain = block(x, m3)
+        w_plain = block.weights
+        rotated_by_nothing = block(x, m3, positions=torch.zeros(batch, 6, dtype=torch.long))
+        cached = block(x, m3, cache=KVCache(1, batch, heads, 6, 4))
+    torch.testing.assert_close(rotated_by_nothing, plain)
+    torch.testing.assert_close(cached, plain)
+    padded = ~m3[:, None].expand_as(w_plain)  # no weight at all on a blocked (padded) key
+    assert float(block.weights[padded].abs().max()) == 0.0 == float(w_plain[padded].abs().max())

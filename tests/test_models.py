@@ -294,7 +294,7 @@ def test_attention_layer_matches_torch_sdpa(seed, heads):
     """The layer = q, k, v maps, heads split, RoPE on q and k, causal torch SDPA, output map."""
     torch.manual_seed(seed)
     model = TinyTransformer(vocab_size=11, d_model=32, num_heads=heads, num_layers=1, max_len=16)
-    block, attn = model.blocks[0], model.blocks[0].attn
+    attn = model.blocks[0].attn
     x = torch.randn(2, 7, 32)
     B, n, dh = 2, 7, 32 // heads
     q, k, v = (proj(x) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
@@ -305,5 +305,5 @@ def test_attention_layer_matches_torch_sdpa(seed, heads):
     positions = torch.arange(n).expand(B, n)
     mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
     with torch.no_grad():
-        got, _ = block.attend(x, mask, positions)
+        got, _ = attn(x, mask=mask, positions=positions)
     assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)

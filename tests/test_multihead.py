@@ -220,3 +220,130 @@ def test_load_torch_weights_rejects_mismatches():
         MultiHeadAttention(8, 2).load_torch_weights(nn.MultiheadAttention(8, 2, add_bias_kv=True))
     with pytest.raises(ValueError, match="torch.nn.MultiheadAttention"):
         MultiHeadAttention(8, 2).load_torch_weights(nn.Linear(8, 8))
+
+
+# ---------------------------------------------------------------- one route: positions and cache
+
+B = H = 4  # batch == heads: a 3-d mask put on the head axis would go unnoticed by the shapes
+N, D = 6, 16
+
+
+def _mask_of(shape, seed):
+    """A random bool mask of `shape` (dims of size B, H or N) whose diagonal is always open."""
+    m = torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) > 0.4
+    if shape[-2] == N:  # no fully masked row, so torch's SDPA (NaN there) can be the reference
+        m = m | torch.eye(N, dtype=torch.bool)
+    else:
+        m[..., 0] = True
+    return m
+
+
+MASK_SHAPES = [None, (N, N), (B, N, N), (B, 1, N), (1, N, N), (B, 1, N, N), (B, H, N, N),
+               (1, H, N, N), (B, 1, 1, N), "additive"]
+
+
+def _mask(kind, seed=7):
+    if kind is None:
+        return None
+    if kind == "additive":  # float 0/-inf with finite biases, (B, n_q, n_k)
+        m = _mask_of((B, N, N), seed)
+        return torch.where(m, rand(B, N, N, dtype=torch.float32, seed=seed), -torch.inf)
+    return _mask_of(kind, seed)
+
+
+def _rows(mask, q0, q1, k1):
+    """The part of `mask` for queries q0..q1-1 over keys 0..k1-1 (size-1 dims stay)."""
+    if mask is None:
+        return None
+    rows = slice(q0, q1) if mask.shape[-2] != 1 else slice(None)
+    return mask[..., rows, :k1]
+
+
+def _reference(mha, x, mask, positions=None):
+    """The formula by hand: projections, heads, RoPE on q and k, torch's SDPA, W_O."""
+    from course_lib.position import apply_rope
+    b, n, _ = x.shape
+    q, k, v = (p(x).view(b, n, H, D // H).transpose(1, 2)
+               for p in (mha.q_proj, mha.k_proj, mha.v_proj))  # (B, h, n, d_head)
+    if positions is not None:
+        at = positions[:, None] if positions.dim() == 2 else positions
+        q, k = apply_rope(q, at), apply_rope(k, at)
+    if mask is not None and mask.dim() == 3:
+        mask = mask[:, None]  # (B, 1, n_q, n_k): one mask per sequence, every head
+    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return mha.out_proj(heads.transpose(1, 2).reshape(b, n, D))
+
+
+def _positions(kind):
+    if kind == "none":
+        return None
+    if kind == "arange":
+        return torch.arange(N)
+    return torch.stack([torch.arange(N) + 3 * b for b in range(B)])  # (B, n): own offsets
+
+
+@pytest.mark.parametrize("mask_kind", MASK_SHAPES, ids=str)
+@pytest.mark.parametrize("pos_kind", ["none", "arange", "per_sequence"])
+def test_forward_with_positions_equals_the_formula_for_every_mask_shape(mask_kind, pos_kind):
+    torch.manual_seed(11)
+    mha = MultiHeadAttention(D, H).eval()
+    x, mask, positions = rand(B, N, D, dtype=torch.float32, seed=12), _mask(mask_kind), \
+        _positions(pos_kind)
+    with torch.no_grad():
+        got, w = mha(x, mask=mask, positions=positions)
+        want = _reference(mha, x, mask, positions)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    if mask is not None and mask.dtype == torch.bool:  # a blocked key gets exactly no weight
+        full = mask[:, None] if mask.dim() == 3 else mask
+        assert float(w.masked_fill(full, 0).abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("mask_kind", MASK_SHAPES, ids=str)
+@pytest.mark.parametrize("pos_kind", ["none", "per_sequence"])
+def test_forward_with_a_cache_equals_recomputing_the_prefix(mask_kind, pos_kind):
+    """Prefill 2 tokens, then 1 at a time: each step's rows equal attention over the prefix."""
+    from course_lib.models.transformer import KVCache
+    torch.manual_seed(13)
+    mha = MultiHeadAttention(D, H).eval()
+    x, mask, positions = rand(B, N, D, dtype=torch.float32, seed=14), _mask(mask_kind), \
+        _positions(pos_kind)
+    cache = KVCache(1, B, H, N, D // H)
+    with torch.no_grad():
+        for q0, q1 in [(0, 2), *((t, t + 1) for t in range(2, N))]:
+            at = None if positions is None else positions[:, q0:q1]
+            got, w = mha(x[:, q0:q1], mask=_rows(mask, q0, q1, q1), positions=at, cache=cache)
+            cache.advance(q1 - q0)
+            assert w.shape == (B, H, q1 - q0, q1)
+            prefix = None if positions is None else positions[:, :q1]
+            want = _reference(mha, x[:, :q1], _rows(mask, 0, q1, q1), prefix)[:, q0:q1]
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_3d_mask_is_per_sequence_like_torch_repeated_per_head():
+    """torch's 3-d attn_mask is (B*heads, n, n); ours is (B, n, n), the same for every head."""
+    ours, ref = pair(D, H, torch.float32, seed=15)
+    x = rand(B, N, D, dtype=torch.float32, seed=16)
+    m3 = _mask_of((B, N, N), 17)
+    compare(ours, ref, x, x, x, mask=m3, torch_mask=~m3.repeat_interleave(H, dim=0))
+    with torch.no_grad():  # positions 0 turn nothing: the same route, the same answer
+        torch.testing.assert_close(ours(x, mask=m3, positions=torch.zeros(B, N))[0],
+                                   ours(x, mask=m3)[0])
+
+
+def test_positions_and_cache_are_checked():
+    from course_lib.models.transformer import KVCache
+    mha = MultiHeadAttention(D, H)
+    x = torch.randn(B, N, D)
+    with pytest.raises(ValueError, match=r"positions has shape \(5,\), wanted \(6,\) or"):
+        mha(x, positions=torch.arange(5))
+    with pytest.raises(ValueError, match="positions must be integers or real"):
+        mha(x, positions=torch.ones(N, dtype=torch.bool))
+    with pytest.raises(ValueError, match="as many keys as queries, got n_q=6 and n_k=3"):
+        mha(x, torch.randn(B, 3, D), positions=torch.arange(N))
+    with pytest.raises(ValueError, match="d_head = d_model / num_heads = 3 is odd"):
+        MultiHeadAttention(6, 2)(torch.randn(1, 2, 6), positions=torch.arange(2))
+    cache = KVCache(1, B, H, 2 * N, D // H)
+    mha(x, cache=cache)
+    cache.advance(N)
+    with pytest.raises(ValueError, match=r"mask has shape \(1, 6\), wanted \(n_q, n_k\)=\(1, 7\)"):
+        mha(x[:, :1], mask=torch.ones(1, N, dtype=torch.bool), cache=cache)  # 6 cached + 1 new

@@ -18,9 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_lib.attention import grouped_query_attention
-from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
-from course_lib.position import apply_rope
+from course_lib.multihead import MultiHeadAttention
 from course_lib.validate import check_count, wrong_shape
 
 
@@ -28,8 +26,9 @@ class TransformerBlock(nn.Module):
     """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
 
     TransformerBlock(d_model, num_heads, d_mlp, num_kv_heads=None)
-      forward(x, mask=None) -> (batch, n, d_model); x (batch, n, d_model); mask bool, True = may
-      attend, any shape `MultiHeadAttention` accepts ((n, n) for a causal mask).
+      forward(x, mask=None, *, positions=None, cache=None, layer=0) -> (batch, n, d_model);
+      x (batch, n, d_model); mask bool, True = may attend, any shape `MultiHeadAttention`
+      accepts ((n, n) for a causal mask); positions, cache, layer go to its forward as they are.
       num_kv_heads=g (chapter 09): the heads share g key/value heads (grouped-query attention).
     After each forward, `self.weights` holds the attention weights (batch, heads, n_q, n_k),
     detached, so a notebook can draw what the block looked at.
@@ -50,32 +49,12 @@ class TransformerBlock(nn.Module):
                 positions: torch.Tensor | None = None, cache=None, layer: int = 0) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             raise wrong_shape("x", x, f"(batch, n, d_model={self.d_model})")
-        attended, weights = self.attend(self.ln1(x), mask, positions, cache, layer)
+        # chapter 05's heads; with positions/cache, chapter 07's RoPE and KV cache inside them
+        attended, weights = self.attn(self.ln1(x), mask=mask, positions=positions, cache=cache,
+                                      layer=layer)  # (B, n, d), (B, heads, n, n_k)
         self.weights = weights.detach()
         x = x + attended                   # (B, n, d): the stream keeps x, adds what was gathered
         return x + self.mlp(self.ln2(x))   # (B, n, d): each token on its own, through the MLP
-
-    def attend(self, h: torch.Tensor, mask, positions=None, cache=None, layer: int = 0):
-        """Self-attention of the normalised stream h (B, t, d) -> (out (B, t, d), weights).
-
-        Without positions or a cache this IS chapter 05's `MultiHeadAttention`. With them, the
-        same projections run step by step so that rotary positions (chapter 07) turn q and k
-        before the scores, and a KV cache (chapter 07) can append the new keys and values.
-        positions: (B, t) integer positions; mask then has shape (B, 1, t, S) for S keys.
-        """
-        if positions is None and cache is None:
-            return self.attn(h, mask=mask)
-        attn = self.attn
-        q = split_heads(attn.q_proj(h), attn.num_heads)     # (B, heads, t, d_head)
-        k = split_heads(attn.k_proj(h), attn.num_kv_heads)  # (B, kv_heads, t, d_head)
-        v = split_heads(attn.v_proj(h), attn.num_kv_heads)  # (B, kv_heads, t, d_head)
-        if positions is not None:
-            q = apply_rope(q, positions[:, None, :])  # each sequence's own positions, every head
-            k = apply_rope(k, positions[:, None, :])  # keys are cached already rotated
-        if cache is not None:
-            k, v = cache.append(layer, k, v)  # (B, kv_heads, S, d_head): past and new tokens
-        out, weights = grouped_query_attention(q, k, v, mask=mask)  # (B, heads, t, d_head)
-        return attn.out_proj(merge_heads(out)), weights  # (B, t, d), (B, heads, t, S)
 
     @torch.no_grad()
     def load_torch_weights(self, layer: nn.TransformerEncoderLayer) -> TransformerBlock:
