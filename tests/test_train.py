@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from course_lib.models.small import BracketTask, HeadsModel, RecurrentModel, recall_batch
+from course_lib.models.heads import BracketTask, HeadsModel
+from course_lib.models.recall import RecurrentModel, recall_batch
 from course_lib.train import History, accuracy, cross_entropy, evaluate, train
 
 
@@ -126,7 +127,7 @@ def test_head_scores_of_perfect_heads():
 
 
 def test_recall_batch_targets_and_distances():
-    from course_lib.models.small import accuracy_by_distance, recall_distances
+    from course_lib.models.recall import accuracy_by_distance, recall_distances
     tokens, targets = recall_batch(torch.Generator().manual_seed(0), batch=200, n=10, vocab=5)
     k = recall_distances(tokens, 5)
     assert ((1 <= k) & (k <= 10)).all() and len(torch.unique(k)) == 10

@@ -322,11 +322,3 @@ def forbid(*targets: tuple[Any, str], exercise: str) -> _Forbid:
     """
     return _Forbid(targets, exercise)
 
-
-def __getattr__(name: str) -> Any:
-    """`_core` re-exports the protocol (`Check`, `get`, `hint`) without a circular import."""
-    if name in ("Check", "get", "hint"):
-        from course_lib.checks import _protocol
-
-        return getattr(_protocol, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
