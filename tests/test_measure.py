@@ -42,7 +42,7 @@ def test_agreement_prints_a_bound_within_rounding(dtype):
 def test_agreement_prints_the_difference_when_it_is_more_than_rounding():
     a = torch.zeros(3, dtype=torch.float64)
     assert agreement(a + 0.25, a) == "DIFFERS: max |diff| = 2.5e-01, more than rounding (1e-13)"
-    assert agreement(a + 0.25, a, tol=1.0).== "agrees to rounding (max |diff| < 1e+0)"
+    assert agreement(a + 0.25, a, tol=1.0) == "agrees to rounding (max |diff| < 1e+0)"
     assert agreement(a * float("nan"), a) == "DIFFERS: NaN in the difference"
 
 
