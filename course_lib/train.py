@@ -92,13 +92,17 @@ def _logits(output):
 def train(model: nn.Module,
           batch_fn: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]],
           steps: int, lr: float = 3e-3, seed: int = 0, *, weight_decay: float = 0.0,
-          clip: float | None = 1.0, progress: bool = True, desc: str = "training") -> History:
-    """Train `model` with AdamW for `steps` batches from `batch_fn`; return the `History`.
+          clip: float | None = 1.0, optimizer: str = "adamw", progress: bool = True,
+          desc: str = "training") -> History:
+    """Train `model` with AdamW (or plain SGD) for `steps` batches from `batch_fn`.
 
     model: maps inputs to logits `(..., classes)` (or a tuple whose first item is the logits).
     batch_fn: `batch_fn(generator) -> (inputs, targets)`, drawing randomness only from `generator`.
     seed: seeds the data generator and torch's global generator (dropout, if any).
     clip: gradient-norm clipping threshold (None: no clipping).
+    optimizer: "adamw", which divides each gradient by its running size, or "sgd", plain
+        gradient descent, whose steps are the gradient itself times lr.
+    Returns the `History` of every step's loss and accuracy.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -110,7 +114,10 @@ def train(model: nn.Module,
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)  # data is drawn on the CPU, then moved
     device = next(model.parameters(), torch.empty(0)).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizers = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+    if optimizer not in optimizers:
+        raise ValueError(f"optimizer should be one of {sorted(optimizers)}, got {optimizer!r}")
+    optimizer = optimizers[optimizer](model.parameters(), lr=lr, weight_decay=weight_decay)
     history = History()
     model.train()
     with deterministic():

@@ -42,6 +42,16 @@ def test_loss_falls_on_a_fixed_seed():
     assert evaluate(model, x, y) == 1.0
 
 
+def test_sgd_steps_are_the_gradient_times_lr():
+    torch.manual_seed(0)
+    model = Lookup()
+    before = weights_of(model)
+    x, y = copy_batch(torch.Generator().manual_seed(0))
+    expected = torch.autograd.grad(cross_entropy(model(x), y), model.out.bias)[0]
+    train(model, copy_batch, steps=1, lr=0.5, seed=0, clip=None, optimizer="sgd", progress=False)
+    torch.testing.assert_close(model.out.bias.detach(), before["out.bias"] - 0.5 * expected)
+
+
 @pytest.mark.parametrize("make", [
     lambda: HeadsModel(BracketTask().vocab_size, BracketTask().num_classes, d_model=16),
     lambda: RecurrentModel(8 + 16 + 1, 8, d_hidden=16, kind="lstm"),
@@ -176,6 +186,8 @@ def test_bad_arguments():
         train(Lookup(), copy_batch, steps=1, lr=0)
     with pytest.raises(ValueError, match="batch_fn"):
         train(Lookup(), None, steps=1)
+    with pytest.raises(ValueError, match=r"optimizer should be one of .*, got 'adam'"):
+        train(Lookup(), copy_batch, steps=1, optimizer="adam")
     with pytest.raises(ValueError, match=r"targets should have shape \(32, 6\); got \(32,\)"):
         train(Lookup(), lambda g: (copy_batch(g)[0], torch.zeros(32, dtype=torch.long)), steps=1,
               progress=False)
