@@ -16,8 +16,6 @@ all masked gets all-zero weights and a zero output, never NaN.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from course_lib.masks import apply_mask
@@ -25,6 +23,7 @@ from course_lib.validate import (
     check_attention,
     check_float_tensor,
     check_kv_heads,
+    default_scale,
     shape_of,
     wrong_shape,
 )
@@ -62,8 +61,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     Returns out (..., n_q, d_v) and weights (..., n_q, n_k); fully masked rows are all zero.
     """
     check_attention(q, k, v, mask, scale)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = default_scale(scale, q)
     scores = q @ k.transpose(-2, -1) * scale  # (..., n_q, n_k)
     weights = softmax(apply_mask(scores, mask), dim=-1)  # (..., n_q, n_k); masked keys get 0
     out = weights @ v  # (..., n_q, d_v)

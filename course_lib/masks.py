@@ -16,12 +16,11 @@ This module imports only the shared input checks (`validate`); attention imports
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import torch
 
-from course_lib.validate import check_count
+from course_lib.validate import check_count, check_lengths
 
 
 def causal_mask(n_queries: int, n_keys: int | None = None, device=None) -> torch.Tensor:
@@ -63,24 +62,7 @@ def padding_mask(lengths: Sequence[int] | torch.Tensor, n_keys: int) -> torch.Te
     it zero weights and a zero output, not NaN).
     """
     n_keys = check_count(n_keys, "n_keys")
-    if isinstance(lengths, torch.Tensor):
-        if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-            raise ValueError(f"lengths must hold integers, got a tensor of dtype {lengths.dtype}")
-        t = lengths
-    else:
-        try:
-            items = list(lengths)
-        except TypeError:
-            raise ValueError(f"lengths must be a sequence of integers, "
-                             f"got {type(lengths).__name__}") from None
-        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in items):
-            raise ValueError(f"lengths must be a sequence of integers, got {items!r}")
-        t = torch.tensor([int(x) for x in items], dtype=torch.long)
-    if t.ndim != 1 or t.numel() == 0:
-        raise ValueError(f"lengths must be one non-empty list of integers of shape (batch,), "
-                         f"got shape {tuple(t.shape)}")
-    if (t < 0).any() or (t > n_keys).any():
-        raise ValueError(f"every length must lie in 0..n_keys={n_keys}, got lengths {t.tolist()}")
+    t = check_lengths(lengths, n_keys, bound=f"n_keys={n_keys}")  # (batch,)
     positions = torch.arange(n_keys, device=t.device)  # (n_keys,)
     return (positions[None, :] < t[:, None])[:, None, :]  # (batch, 1, n_keys)
 

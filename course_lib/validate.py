@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["shape_of", "wrong_shape", "check_count", "check_number", "check_scale",
            "check_float_tensor", "check_qkv", "check_mask", "check_attention", "check_kv_heads",
-           "check_positions"]
+           "check_positions", "check_choice", "check_lengths", "check_token_ids", "default_scale"]
 
 
 def shape_of(x) -> tuple[int, ...]:
@@ -60,6 +60,18 @@ def check_scale(scale) -> None:
     """None (attention then uses 1/√d_k) or a finite number > 0."""
     if scale is not None:
         check_number(scale, "scale", above=0, note=" (or None for 1/√d_k)")
+
+
+def default_scale(scale, q: torch.Tensor) -> float:
+    """The scale attention multiplies q kᵀ by: `scale` itself, or 1/√d_k when it is None."""
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def check_choice(value, name: str, options):
+    """One of a few allowed values (a kind, a name), returned as given."""
+    if value not in options:
+        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
+    return value
 
 
 def check_float_tensor(x, name: str, wanted: str = "a tensor", min_ndim: int = 0) -> None:
@@ -173,3 +185,54 @@ def check_positions(positions, batch: int, n: int, name: str = "x") -> None:
     if tuple(positions.shape) not in ((n,), (batch, n)):
         raise wrong_shape("positions", positions, f"({n},) or (batch, n)=({batch}, {n}): one "
                                                   f"position per token of {name}")
+
+
+def check_lengths(lengths, longest: int, shortest: int = 0, batch: int | None = None,
+                  bound: str | None = None) -> torch.Tensor:
+    """Sequence lengths, one per sequence: integers in shortest..longest, as a (batch,) tensor.
+
+    `bound` names the upper limit in messages (default f"{longest}"); `batch`, when given, is the
+    number of lengths wanted.
+    """
+    if isinstance(lengths, torch.Tensor):
+        if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+            raise ValueError(f"lengths must hold integers, got a tensor of dtype {lengths.dtype}")
+        t = lengths.long()
+    else:
+        try:
+            items = list(lengths)
+        except TypeError:
+            raise ValueError(f"lengths must be a sequence of integers, "
+                             f"got {type(lengths).__name__}") from None
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in items):
+            raise ValueError(f"lengths must be a sequence of integers, got {items!r}")
+        t = torch.tensor([int(x) for x in items], dtype=torch.long)
+    if batch is not None and tuple(t.shape) != (batch,):
+        raise ValueError(f"lengths has shape {shape_of(t)}, expected ({batch},): one length per "
+                         "sequence")
+    if t.ndim != 1 or t.numel() == 0:
+        raise ValueError(f"lengths must be one non-empty list of integers of shape (batch,), "
+                         f"got shape {shape_of(t)}")
+    if (t < shortest).any() or (t > longest).any():
+        raise ValueError(f"every length must lie in {shortest}..{bound or longest}, "
+                         f"got lengths {t.tolist()}")
+    return t
+
+
+def check_token_ids(idx, vocab_size: int, name: str = "idx", max_len: int | None = None,
+                    ) -> torch.Tensor:
+    """A (batch, T) integer tensor of token ids in 0..vocab_size-1 (T <= max_len), as int64."""
+    if not isinstance(idx, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor of token ids of shape (batch, T), "
+                         f"got {type(idx).__name__}")
+    if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {idx.dtype} "
+                         f"with shape {shape_of(idx)}")
+    longest = "" if max_len is None else f" <= {max_len}"
+    if idx.ndim != 2 or 0 in idx.shape or (max_len is not None and idx.shape[1] > max_len):
+        raise ValueError(f"{name} must have shape (batch, T) with batch, T >= 1{longest}, "
+                         f"got shape {shape_of(idx)}")
+    if int(idx.min()) < 0 or int(idx.max()) >= vocab_size:
+        raise ValueError(f"token ids must lie in 0..{vocab_size - 1} (vocab_size={vocab_size}), "
+                         f"got ids from {int(idx.min())} to {int(idx.max())}")
+    return idx.long()

@@ -233,11 +233,12 @@ def test_generate_bad_idx(idx, match):
 
 
 @pytest.mark.parametrize("lengths,match", [
-    ([3, 0], r"every length must lie in 1..T=4 \(the width of idx\), got \[3, 0\]"),
+    ([3, 0], r"every length must lie in 1..T=4 \(the width of idx\), got lengths \[3, 0\]"),
     ([5, 1], r"every length must lie in 1..T=4"),
     ([2], r"lengths has shape \(1,\), expected \(2,\)"),
-    ([1.0, 2.0], r"lengths must hold integers"),
-    ("ab", r"lengths must be integers"),
+    ([1.0, 2.0], r"lengths must be a sequence of integers, got \[1.0, 2.0\]"),
+    (torch.tensor([1.0, 2.0]), r"lengths must hold integers, got a tensor of dtype torch.float32"),
+    ("ab", r"lengths must be a sequence of integers"),
 ])
 def test_generate_bad_lengths(lengths, match):
     with pytest.raises(ValueError, match=match):

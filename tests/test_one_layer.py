@@ -144,5 +144,5 @@ def test_both_scores_learn_the_alignment(score):
 
 
 def test_aligner_rejects_an_unknown_score():
-    with pytest.raises(ValueError, match="score should be 'dot' or 'additive'"):
+    with pytest.raises(ValueError, match=r"score must be one of \('dot', 'additive'\)"):
         Aligner("cosine")

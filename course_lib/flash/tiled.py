@@ -4,8 +4,9 @@ few (block x block) tiles of scores.
 
 `tiled_attention` mirrors the Triton kernel in `course_lib/flash/kernel.py` loop for loop: the
 outer loop over query blocks is the kernel's grid (one program per query block), `_attn_fwd_inner`
-below is the kernel's `_attn_fwd_inner`, and the causal case is split the same way, into the key
-blocks left of the diagonal (no mask needed) and the one diagonal block (masked).
+below is the kernel's `_attn_fwd_inner`, and `_stages` splits the key blocks as the kernel's STAGE
+argument does: the causal case into the blocks left of the diagonal (no mask needed) and the one
+diagonal block (masked), one loop over the stages calling the inner loop for each.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.masks import causal_mask
-from course_lib.validate import check_attention, check_count
+from course_lib.validate import check_attention, check_count, default_scale
 
 __all__ = ["naive_attention", "tiled_attention"]
 
@@ -24,7 +25,7 @@ def naive_attention(q, k, v, causal: bool = False, scale=None) -> torch.Tensor:
     q: (..., n_q, d), k: (..., n_k, d), v: (..., n_k, d_v) -> out (..., n_q, d_v).
     """
     check_attention(q, k, v, scale=scale, causal=causal)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scale = default_scale(scale, q)
     scores = (q @ k.transpose(-2, -1)) * scale                     # (..., n_q, n_k): the grid
     if causal:
         allowed = causal_mask(q.shape[-2], device=q.device)        # (n, n), chapter 04's mask
@@ -68,6 +69,26 @@ def _attn_fwd_inner(acc, l_i, m_i, q_blk, k, v, start_m, lo, hi, block_size, dia
     return acc, l_i, m_i
 
 
+def _stages(start_m, rows, n_k, block_size, causal, window):
+    """The key blocks one query block visits, stage by stage: (lo, hi, diagonal, window) each.
+
+    The kernel's STAGE argument: 1 = causal, left of the diagonal (no mask); 2 = the diagonal
+    block (masked); 3 = not causal, every key block. A window adds a stage 0 in front.
+    """
+    diagonal = (start_m, min(start_m + block_size, n_k))
+    if window is not None:
+        # the oldest key any row of this block may see, and the oldest that all rows see
+        lo = max(0, start_m - window + 1) // block_size * block_size
+        inside = -(-max(0, start_m + rows - window) // block_size) * block_size  # round up
+        inside = min(max(inside, lo), start_m)
+        return [(lo, inside, False, window),    # 0: blocks the window's left edge cuts through
+                (inside, start_m, False, None),  # 1: inside every row's window, no mask needed
+                (*diagonal, True, window)]       # 2: the diagonal (the window may cut it too)
+    if causal:
+        return [(0, start_m, False, None),       # 1: entirely left of the diagonal, no mask
+                (*diagonal, True, None)]         # 2: where the causal mask cuts through
+    return [(0, n_k, False, None)]               # 3: every key block, no mask
+
 def tiled_attention(q, k, v, causal: bool = False, scale=None, block_size: int = 64,
                     window: int | None = None):
     """Exact attention computed block by block, never building the (n_q, n_k) grid.
@@ -86,7 +107,7 @@ def tiled_attention(q, k, v, causal: bool = False, scale=None, block_size: int =
         window = check_count(window, "window")
     *lead, n_q, n_k = check_attention(q, k, v, scale=scale, causal=causal or window is not None)
     block_size = check_count(block_size, "block_size")
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scale = default_scale(scale, q)
     q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))  # shared batch/head dims
     d_v = v.shape[-1]
     # accumulate in float32 at least
@@ -104,32 +125,9 @@ def tiled_attention(q, k, v, causal: bool = False, scale=None, block_size: int =
         m_i = torch.full((bh, rows), float("-inf"), dtype=work, device=q.device)  # running max
         l_i = torch.zeros(bh, rows, dtype=work, device=q.device)                  # running sum
         acc = torch.zeros(bh, rows, d_v, dtype=work, device=q.device)             # running output
-        if window is not None:
-            # the oldest key any row of this block may see, and the oldest that all rows see
-            lo = max(0, start_m - window + 1) // block_size * block_size
-            inside = -(-max(0, start_m + rows - window) // block_size) * block_size  # round up
-            inside = min(max(inside, lo), start_m)
-            # stage 0: blocks the window's left edge cuts through (masked); none further left
-            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
-                                            lo, inside, block_size, diagonal=False, window=window)
-            # stage 1: blocks inside every row's window, no mask needed
-            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
-                                            inside, start_m, block_size, diagonal=False)
-            # stage 2: the diagonal block (the window may cut it too when W < block_size)
-            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
-                                            start_m, min(start_m + block_size, n_k), block_size,
-                                            diagonal=True, window=window)
-        elif causal:
-            # stage 1: key blocks entirely left of the diagonal, no mask needed
-            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
-                                            0, start_m, block_size, diagonal=False)
-            # stage 2: the diagonal block, where the causal mask cuts through
-            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
-                                            start_m, min(start_m + block_size, n_k), block_size,
-                                            diagonal=True)
-        else:
-            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m,
-                                            0, n_k, block_size, diagonal=False)
+        for lo, hi, diagonal, edge in _stages(start_m, rows, n_k, block_size, causal, window):
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q_blk, k3, v3, start_m, lo, hi,
+                                            block_size, diagonal, edge)
         out[:, start_m:start_m + rows, :] = (acc / l_i[..., None]).to(q.dtype)
         lse[:, start_m:start_m + rows] = (m_i + torch.log(l_i)).float()
 

@@ -21,6 +21,7 @@ import torch.nn as nn
 from course_lib.linear_attention import linear_attention
 from course_lib.masks import causal_mask, sliding_window_mask
 from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
+from course_lib.validate import check_choice
 
 KINDS = ("softmax", "linear")
 
@@ -60,8 +61,7 @@ class CheaperAttentionModel(nn.Module):
                  max_len: int = 64, kind: str = "softmax", window: int | None = None,
                  num_kv_heads: int | None = None):
         super().__init__()
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        check_choice(kind, "kind", KINDS)
         if kind == "linear" and (window is not None or num_kv_heads is not None):
             raise ValueError("window and num_kv_heads apply to softmax attention (kind='softmax')")
         self.kind, self.window, self.max_len = kind, window, max_len

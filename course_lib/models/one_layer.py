@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn as nn
 
-from course_lib.validate import check_count
+from course_lib.validate import check_choice, check_count
 
 
 def _init(generator: torch.Generator, *shape: int, std: float) -> nn.Parameter:
@@ -159,8 +159,7 @@ class Aligner(nn.Module):
     def __init__(self, score: str = "dot", vocab: int = 20, n: int = 6, d: int = 16,
                  seed: int = 0):
         super().__init__()
-        if score not in ("dot", "additive"):
-            raise ValueError(f"score should be 'dot' or 'additive', got {score!r}")
+        check_choice(score, "score", ("dot", "additive"))
         for name, value in (("vocab", vocab), ("n", n), ("d", d)):
             check_count(value, name)
         g = torch.Generator().manual_seed(seed)

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from course_lib.models.heads import HeadsModel
 from course_lib.train import IGNORE_INDEX
+from course_lib.validate import check_choice
 
 
 def recall_batch(generator: torch.Generator, batch: int = 64, n: int = 16, vocab: int = 8,
@@ -49,9 +50,7 @@ class RecurrentModel(nn.Module):
     def __init__(self, vocab_size: int, num_classes: int, d_hidden: int = 32, kind: str = "rnn",
                  d_embed: int = 16):
         super().__init__()
-        if kind not in ("rnn", "gru", "lstm"):
-            raise ValueError(f"kind must be 'rnn', 'gru' or 'lstm', got {kind!r}")
-        self.kind = kind
+        self.kind = check_choice(kind, "kind", ("rnn", "gru", "lstm"))
         self.embed = nn.Embedding(vocab_size, d_embed)
         core = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}[kind]
         self.core = core(d_embed, d_hidden, batch_first=True)

@@ -28,7 +28,7 @@ from torch import nn
 
 from course_lib.masks import causal_mask
 from course_lib.models.block import TransformerBlock
-from course_lib.validate import check_count, check_kv_heads
+from course_lib.validate import check_count, check_kv_heads, check_lengths, check_token_ids
 
 
 def kv_cache_bytes(num_layers: int, num_heads: int, n: int, d_head: int,
@@ -126,39 +126,14 @@ class TinyTransformer(nn.Module):
     # ------------------------------------------------------------------ input checks
 
     def _check_idx(self, idx) -> torch.Tensor:
-        if not isinstance(idx, torch.Tensor):
-            raise ValueError(f"idx must be a tensor of token ids of shape (batch, T), "
-                             f"got {type(idx).__name__}")
-        if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-            raise ValueError(f"idx must hold integer token ids, got dtype {idx.dtype} "
-                             f"with shape {tuple(idx.shape)}")
-        if idx.ndim != 2 or idx.shape[0] == 0 or idx.shape[1] == 0:
-            raise ValueError(f"idx must have shape (batch, T) with batch, T >= 1, "
-                             f"got shape {tuple(idx.shape)}")
-        if int(idx.min()) < 0 or int(idx.max()) >= self.vocab_size:
-            raise ValueError(f"token ids must lie in 0..{self.vocab_size - 1} "
-                             f"(vocab_size={self.vocab_size}), got ids from {int(idx.min())} "
-                             f"to {int(idx.max())}")
-        return idx.long()
+        return check_token_ids(idx, self.vocab_size)
 
     def _check_lengths(self, lengths, batch: int, T: int) -> torch.Tensor:
         """lengths[b] = real tokens at the end of row b; returns the pad count T - lengths[b]."""
         if lengths is None:
             return torch.zeros(batch, dtype=torch.long)
-        try:
-            t = torch.as_tensor(lengths)
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"lengths must be integers, one per sequence, "
-                             f"got {type(lengths).__name__}") from None
-        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
-            raise ValueError(f"lengths must hold integers, got dtype {t.dtype}")
-        if tuple(t.shape) != (batch,):
-            raise ValueError(f"lengths has shape {tuple(t.shape)}, expected ({batch},): one "
-                             "length per row of idx")
-        if (t < 1).any() or (t > T).any():
-            raise ValueError(f"every length must lie in 1..T={T} (the width of idx), "
-                             f"got {t.tolist()}")
-        return T - t.long()
+        return T - check_lengths(lengths, T, shortest=1, batch=batch,
+                                 bound=f"T={T} (the width of idx)")
 
     # ------------------------------------------------------------------ the model
 

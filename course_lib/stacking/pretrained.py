@@ -33,6 +33,7 @@ from course_lib.stacking import text as text_mod
 from course_lib.stacking.induction import induction_batch
 from course_lib.stacking.pronoun import PronounTask, accuracy_by_filler
 from course_lib.train import evaluate, train
+from course_lib.validate import check_choice
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 QUICK_STEPS = 3
@@ -147,8 +148,7 @@ def save(model: torch.nn.Module, record: dict, folder: Path = DATA) -> Path:
 def record(name: str, folder: Path = DATA) -> dict:
     """The JSON record shipped with model `name`."""
     path = Path(folder) / f"ch10_{name}.json"
-    if name not in SPECS:
-        raise ValueError(f"name must be one of {sorted(SPECS)}, got {name!r}")
+    check_choice(name, "name", sorted(SPECS))
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: make it with "
                                 f"`python -m course_lib.stacking.pretrained {name}`")

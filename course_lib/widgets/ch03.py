@@ -10,6 +10,7 @@ import torch
 from matplotlib.patches import Patch
 
 from course_lib.attention import softmax
+from course_lib.validate import check_choice
 from course_lib.widgets._base import Explorer
 
 D_K_CHOICES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -27,8 +28,7 @@ def scaling_explorer(d_k: int = 64, scaled: bool = False, tokens: Sequence[str] 
     divided by sqrt(d_k).
     """
     tokens = list(tokens)
-    if d_k not in D_K_CHOICES:
-        raise ValueError(f"d_k must be one of {D_K_CHOICES}, got {d_k!r}")
+    check_choice(d_k, "d_k", D_K_CHOICES)
     if not 0 <= query_index < len(tokens):
         raise ValueError(f"query_index must lie in 0..{len(tokens) - 1} for {len(tokens)} "
                          f"tokens, got {query_index}")

@@ -10,6 +10,7 @@ import torch
 
 from course_lib.attention import scaled_dot_product_attention
 from course_lib.masks import causal_mask, padding_mask
+from course_lib.validate import check_choice
 from course_lib.widgets._base import Explorer
 
 SENTENCE = ("the", "cat", "sat", "on", "the", "mat")
@@ -26,8 +27,7 @@ def mask_explorer(tokens: Sequence[str] = SENTENCE, mask: str = "causal", length
     """
     tokens = list(tokens)
     n = len(tokens)
-    if mask not in MASK_TYPES:
-        raise ValueError(f"mask must be one of {MASK_TYPES}, got {mask!r}")
+    check_choice(mask, "mask", MASK_TYPES)
     length = n - 2 if length is None else length
     if not (isinstance(length, int) and 1 <= length <= n):
         raise ValueError(f"length must be an integer in 1..{n} (the number of tokens), "
