@@ -134,5 +134,5 @@ flash_backward = Check(
         "dV_j = P_jᵀ dO; dS_j = P_j * (dO V_jᵀ - Δ[:, None]); dK_j = c dS_jᵀ Q; dQ += c dS_j K_j.",
         f"The worked answer is exercise 7 of {SOLUTION}.",
     ),
-    grade_ids=("ex08_flash_backward_test",),
+    grade_ids=("ch08_flash_backward_test",),
 )

@@ -160,7 +160,7 @@ triton_inner_step = Check(
         "l_i already gets.",
         f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
-    grade_ids=("ex08_triton_inner_step_test",),
+    grade_ids=("ch08_triton_inner_step_test",),
 )
 
 
@@ -255,5 +255,5 @@ row_softmax = Check(
         "mask=mask); kernel[(n_rows,)](x, y, x.stride(0), n_cols, BLOCK=...).",
         f"The worked answer is exercise 6 of {SOLUTION}.",
     ),
-    grade_ids=("ex08_row_softmax_test",),
+    grade_ids=("ch08_row_softmax_test",),
 )

@@ -124,7 +124,7 @@ online_update = Check(
         "l_new = l · exp(m - safe) + Σ_j exp(tile_j - safe).",
         f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ex08_online_update_test",),
+    grade_ids=("ch08_online_update_test",),
 )
 
 
@@ -227,7 +227,7 @@ causal_tiled = Check(
         "> query index: s = -inf; then the online update of m, l, acc as in chapter 08.",
         f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ex08_causal_tiled_test",),
+    grade_ids=("ch08_causal_tiled_test",),
 )
 
 
@@ -285,7 +285,7 @@ causal_fraction = value_check(
         "with T = n / block.",
         f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ex08_causal_fraction_test",),
+    grade_ids=("ch08_causal_fraction_test",),
 )
 
 
@@ -322,5 +322,5 @@ measured_causal_fraction = value_check(
         "block_size=128); the same with causal=False; divide the first total by the second.",
         f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
-    grade_ids=("ex08_measured_fraction_test",),
+    grade_ids=("ch08_measured_fraction_test",),
 )

@@ -81,7 +81,7 @@ grouped_query_attention = Check(
            "k_full = k.repeat_interleave(h // g, dim=1); then softmax(q k_fullᵀ / √d) v_full "
            "(chapter 02's scaled_dot_product_attention does the last step).",
            SOLUTIONS),
-    grade_ids=("ex09_gqa_test",),
+    grade_ids=("ch09_gqa_test",),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ linear_recurrence = Check(
            "Inside the loop: first S = S + φ(k_i) v_iᵀ and z = z + φ(k_i), then "
            "out_i = φ(q_i) S / (φ(q_i)·z).",
            SOLUTIONS),
-    grade_ids=("ex09_recurrence_test",),
+    grade_ids=("ch09_recurrence_test",),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ predicted_crossover = value_check(
            "quadratic part is two products over the (n, n) grid.",
            "2·n²·d (scores) + 2·n²·d (blend) = 8·n·d² (projections) + 16·n·d² (MLP): solve "
            "for n.", SOLUTIONS),
-    grade_ids=("ex09_predict_test",),
+    grade_ids=("ch09_predict_test",),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -232,5 +232,5 @@ window_reach = Check(
            "mean accuracy over the distances k >= WINDOW.",
            "acc = accuracy_by_distance(model, tokens, targets, VOCAB); walk k = 1, 2, ... while "
            "acc[k] >= 0.9; beyond = mean of acc[k] for k >= WINDOW.", SOLUTIONS),
-    grade_ids=("ex09_experiment_test",),
+    grade_ids=("ch09_experiment_test",),
 )

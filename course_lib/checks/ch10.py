@@ -155,7 +155,7 @@ transformer_block = Check(
            "x = x + W_O·attention(ln1(x)) + b_O; then x = x + mlp(ln2(x)); F.layer_norm, F.linear "
            "and F.gelu do the pieces, split_heads/merge_heads reshape the heads.",
            SOLUTIONS),
-    grade_ids=("ex10_block_test",),
+    grade_ids=("ch10_block_test",),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -215,7 +215,7 @@ ablate_head = Check(
            "a block of d_head consecutive input positions.",
            "w[:, head * d_head:(head + 1) * d_head] = 0 on a clone, not w[head * d_head:..., :].",
            SOLUTIONS),
-    grade_ids=("ex10_ablate_test",),
+    grade_ids=("ch10_ablate_test",),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -293,7 +293,7 @@ one_layer_accuracy = value_check(
            "would have to encode 'the token before me was A'. Can it, with no earlier layer?",
            "It cannot: the model can only guess among tokens it has seen. Expect far below 0.5, "
            "but above 1/32.", SOLUTIONS),
-    grade_ids=("ex10_predict_test",),
+    grade_ids=("ch10_predict_test",),
 )
 
 
@@ -337,5 +337,5 @@ ablated_accuracy = Check(
            "`with` block.",
            "with ablate_head(model, 0, previous_heads): accuracy = evaluate(model, tokens, "
            "targets)", SOLUTIONS),
-    grade_ids=("ex10_ablation_test",),
+    grade_ids=("ch10_ablation_test",),
 )
