@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from course_lib.measure import best_time
+from course_lib.measure import time_call
 
 
 def rnn_flops(n: int, d: int, batch: int) -> int:
@@ -33,10 +33,12 @@ def attention_flops(n: int, d: int, batch: int) -> int:
 
 @torch.no_grad()
 def serial_vs_parallel(ns=(64, 128, 256, 512, 1024), d: int = 64, batch: int = 4,
-                       repeats: int = 3, seed: int = 0) -> list[dict]:
-    """Best-of-`repeats` wall times (ms) of the three computations above, per length n.
+                       repeats: int = 5, seed: int = 0) -> list[dict]:
+    """Median wall times (ms) over `repeats` runs of the three computations above, per length n.
 
-    Runs with torch's current thread count (all cores unless changed). Each row also carries the
+    Runs with torch's current thread count (all cores unless changed). Each row carries, per
+    computation, the median (`rnn_ms`, `rnn_one_call_ms`, `attention_ms`) and the whole
+    `course_lib.measure.Timing` (`rnn_timing`, ...: median, fastest, slowest run), and also the
     FLOPs, the number of steps that must wait for each other, and the bytes of one score grid.
     Checks on the way that the one-call RNN gives the loop's numbers.
     """
@@ -69,11 +71,13 @@ def serial_vs_parallel(ns=(64, 128, 256, 512, 1024), d: int = 64, batch: int = 4
         previous = torch.cat([states.new_zeros(batch, 1, d), states[:, :-1]], dim=1)
         if not torch.allclose(rnn_one_call(x, previous), states, atol=1e-5):
             raise RuntimeError("the one-call RNN should reproduce the loop")  # pragma: no cover
+        timings = {"rnn": time_call(lambda x=x: rnn_loop(x), repeats),
+                   "rnn_one_call": time_call(lambda x=x, p=previous: rnn_one_call(x, p), repeats),
+                   "attention": time_call(lambda x=x: attention(x), repeats)}
         rows.append({
             "n": n,
-            "rnn_ms": 1e3 * best_time(lambda x=x: rnn_loop(x), repeats),
-            "rnn_one_call_ms": 1e3 * best_time(lambda x=x, p=previous: rnn_one_call(x, p), repeats),
-            "attention_ms": 1e3 * best_time(lambda x=x: attention(x), repeats),
+            **{f"{name}_ms": 1e3 * t.median for name, t in timings.items()},
+            **{f"{name}_timing": t for name, t in timings.items()},
             "rnn_flops": rnn_flops(n, d, batch), "attention_flops": attention_flops(n, d, batch),
             "rnn_waiting_steps": n, "attention_waiting_steps": 3,  # scores, softmax, blend
             "grid_bytes": 4 * batch * n * n,

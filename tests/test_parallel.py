@@ -28,6 +28,10 @@ def test_rows_carry_times_work_and_waiting():
     assert [r["n"] for r in rows] == [4, 12]
     for r in rows:
         assert r["rnn_ms"] > 0 and r["rnn_one_call_ms"] > 0 and r["attention_ms"] > 0
+        for name in ("rnn", "rnn_one_call", "attention"):
+            t = r[f"{name}_timing"]
+            assert t.repeats == 1 and t.low <= t.median <= t.high
+            assert r[f"{name}_ms"] == 1e3 * t.median
         assert r["rnn_waiting_steps"] == r["n"] and r["attention_waiting_steps"] == 3
         assert r["rnn_flops"] == 4 * 2 * r["n"] * 8 * 8
         assert r["grid_bytes"] == 4 * 2 * r["n"] ** 2
