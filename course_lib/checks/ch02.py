@@ -289,9 +289,10 @@ def _shuffle_judge(cases: list, outcomes: list) -> str:
     run = shuffle_experiment()
     truth = "same" if run["same"] < 1e-9 else "shuffled" if run["shuffled"] < 1e-9 else "different"
     if choice != truth:
+        by = "less than 1e-9" if run["shuffled"] < 1e-9 else f"{run['shuffled']:.1e}"
         fail(f"you predicted {choice!r}, but the run says {truth!r}: the shuffled tokens' outputs "
              f"differ from the original outputs by up to {run['same']:.3f}, and from the original "
-             f"outputs shuffled the same way by {run['shuffled']:.1e}. Self-attention without "
+             f"outputs shuffled the same way by {by}. Self-attention without "
              "positions has no idea of order: each token's output depends on its own vector and "
              "on the SET of all tokens, so shuffling the tokens shuffles the outputs and nothing "
              "else.")
