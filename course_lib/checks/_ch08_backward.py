@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import course_lib.flash as flash
 import course_lib.flash.tiled as tiled
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each
+from course_lib.checks._protocol import each, function_check
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
 MEMORY_N, MEMORY_BLOCK = 1024, 64
@@ -114,11 +114,9 @@ def _judge(cases: list, outcomes: list) -> str:
             f"{grid / 2**20:.0f} MiB grid.")
 
 
-flash_backward = Check(
-    id="ch08.flash_backward",
-    cases=_cases,
-    run=_run,
-    judge=_judge,
+flash_backward = function_check(
+    "flash_backward", 7, run=_run,
+    cases=_cases, judge=_judge,
     forbid=((F, "scaled_dot_product_attention"), (torch.autograd, "grad"),
             (torch.Tensor, "backward"), (torch.autograd, "backward"),
             (flash, "tiled_attention"), (flash, "flash_attention"), (tiled, "tiled_attention")),
@@ -132,7 +130,5 @@ flash_backward = Check(
         "iteration; dQ collects a piece from every block.",
         "c = 1/sqrt(d); Δ = (dO * O).sum(-1); per block j: P_j = exp(c Q K_jᵀ - lse[:, None]); "
         "dV_j = P_jᵀ dO; dS_j = P_j * (dO V_jᵀ - Δ[:, None]); dK_j = c dS_jᵀ Q; dQ += c dS_j K_j.",
-        f"The worked answer is exercise 7 of {SOLUTION}.",
     ),
-    grade_ids=("ch08_flash_backward_test",),
 )

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import course_lib.flash as flash
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each
+from course_lib.checks._protocol import each, function_check
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
 NO_TRITON = "triton-not-installed"
@@ -146,11 +146,9 @@ def _step_judge(cases: list, outcomes: list) -> str:
             "(acc and l_i are rescaled together).")
 
 
-triton_inner_step = Check(
-    id="ch08.triton_inner_step",
-    cases=_step_cases,
-    run=_step_run,
-    judge=_step_judge,
+triton_inner_step = function_check(
+    "triton_inner_step", 5, run=_step_run,
+    cases=_step_cases, judge=_step_judge,
     hints=(
         "Two running quantities are measured against the running max; when the max grows, ask "
         "which of them the given step brings up to date and which it forgets.",
@@ -158,9 +156,7 @@ triton_inner_step = Check(
         "leans towards the early blocks. Whatever l_i is multiplied by, acc needs too.",
         "acc = acc · α[:, None] + tl.dot(p, v), with α = tl.exp(m_i - m_new), the factor "
         "l_i already gets.",
-        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
-    grade_ids=("ch08_triton_inner_step_test",),
 )
 
 
@@ -234,11 +230,9 @@ def _softmax_judge(cases: list, outcomes: list) -> str:
             "equal to torch.softmax through Triton's interpreter.")
 
 
-row_softmax = Check(
-    id="ch08.row_softmax",
-    cases=_softmax_cases,
-    run=_softmax_run,
-    judge=_softmax_judge,
+row_softmax = function_check(
+    "row_softmax", 6, run=_softmax_run,
+    cases=_softmax_cases, judge=_softmax_judge,
     forbid=((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
             (torch, "log_softmax"), (F, "log_softmax")),
     hints=(
@@ -253,7 +247,5 @@ row_softmax = Check(
         "x = tl.load(X + row * stride + cols, mask=mask, other=-float('inf')); "
         "e = tl.exp(x - tl.max(x, 0)); tl.store(Y + row * stride + cols, e / tl.sum(e, 0), "
         "mask=mask); kernel[(n_rows,)](x, y, x.stride(0), n_cols, BLOCK=...).",
-        f"The worked answer is exercise 6 of {SOLUTION}.",
     ),
-    grade_ids=("ch08_row_softmax_test",),
 )

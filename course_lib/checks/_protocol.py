@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from course_lib.checks import _core
-from course_lib.checks._core import CheckFailure, ReferenceCall
+from course_lib.checks._core import CheckFailure, ReferenceCall, call
 
 # The wire format (what may travel between grader and kernel, its limits, the outcome loader)
 # lives in _data; it is re-exported here, where the grader and the probe import it.
@@ -149,6 +149,38 @@ class Check:
         return f"Check({self.id!r})"
 
 
+def _declared(name: str, exercise: int, judge: Callable, grade: str | None,
+              hints: tuple[str, ...]) -> dict:
+    """What a chapter's check declares once, spelt out: its id, grade ids and last hint tier.
+
+    The chapter is the judge's module (`course_lib.checks.ch05` -> "ch05"; `_ch08_kernels` ->
+    "ch08"), and the last tier points to that module's SOLUTION notebook.
+    """
+    module = sys.modules[judge.__module__]
+    chapter = re.search(r"ch\d+", module.__name__.rsplit(".", 1)[-1]).group()
+    return {"id": f"{chapter}.{name}", "grade_ids": (f"{chapter}_{grade or name}_test",),
+            "hints": (*hints, f"The worked answer is exercise {exercise} of {module.SOLUTION}.")}
+
+
+def function_check(name: str, exercise: int, *, cases: Callable[[int, bool], list],
+                   judge: Callable[[list, list], str], hints: tuple[str, ...],
+                   args: tuple[str, ...] | None = None, run: Callable[..., Any] | None = None,
+                   grade: str | None = None, forbid: tuple = ()) -> Check:
+    """A build or debug check: the learner writes the function `name`, the check calls it.
+
+    Declared once: `cases`, `judge` and the hint tiers up to the formula; the id
+    (f"{chapter}.{name}"), the grade id (f"{chapter}_{grade or name}_test") and the last tier
+    (exercise `exercise` of the solution notebook) follow. `run` defaults to calling the
+    learner's function on the case's entries `args` in order (args=None: on the case itself).
+    """
+    if run is None:
+        def run(fn, case):
+            inputs = (case,) if args is None else tuple(case[a] for a in args)
+            return call(fn, *inputs, name=name)
+    return Check(cases=cases, run=run, judge=judge, forbid=forbid,
+                 **_declared(name, exercise, judge, grade, hints))
+
+
 def _one_value(seed: int, hidden: bool) -> list:
     return [None]  # a committed value is judged once: there are no inputs to vary
 
@@ -157,13 +189,13 @@ def _the_value(value: Any, case: Any) -> Any:
     return value  # the kernel's whole part: hand back what the learner committed
 
 
-def value_check(*, id: str, judge: Callable[[list, list], str], hints: tuple[str, ...] = (),
-                grade_ids: tuple[str, ...] = (), forbid: tuple = ()) -> Check:
+def value_check(name: str, exercise: int, *, judge: Callable[[list, list], str],
+                hints: tuple[str, ...], grade: str | None = None, forbid: tuple = ()) -> Check:
     """A predict or experiment check: the learner commits a value (a prediction, a measured
     number) and `judge` compares it with the grader's own run; nothing of the learner's is
-    called."""
-    return Check(id=id, cases=_one_value, run=_the_value, judge=judge, hints=hints,
-                 grade_ids=grade_ids, forbid=forbid)
+    called. Declared like `function_check`."""
+    return Check(cases=_one_value, run=_the_value, judge=judge, forbid=forbid,
+                 **_declared(name, exercise, judge, grade, hints))
 
 
 def _reference_of(failure: CheckFailure) -> dict:

@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 import course_lib.lookup as lookup
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value_check
+from course_lib.checks._core import expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_numbers
 
 __all__ = ["similarity_scores", "softmax_weights", "soft_lookup", "query_gradient",
@@ -44,19 +44,15 @@ def _scores_judge(cases: list, outcomes: list) -> str:
     return "similarity_scores: one dot product per key, shape (n,)."
 
 
-similarity_scores = Check(
-    id="ch01.similarity_scores",
-    cases=_scores_cases,
-    run=lambda fn, case: call(fn, case["query"], case["keys"], name="similarity_scores"),
-    judge=_scores_judge,
+similarity_scores = function_check(
+    "similarity_scores", 1, args=("query", "keys"), grade="scores",
+    cases=_scores_cases, judge=_scores_judge,
     hints=(
         "Each score measures how well the query matches one key: one dot product per key.",
         "keys holds one key per row, shape (n, d), and the query has shape (d,): a single "
         "matrix-vector product gives all n dot products at once.",
         "score_j = sum over m of keys[j, m] * query[m]; NumPy's @ computes it for every j.",
-        f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ch01_scores_test",),
 )
 
 
@@ -89,20 +85,16 @@ def _softmax_judge(cases: list, outcomes: list) -> str:
     return "softmax_weights: a stable softmax that sums to 1 and respects the temperature."
 
 
-softmax_weights = Check(
-    id="ch01.softmax_weights",
-    cases=_softmax_cases,
-    run=lambda fn, case: call(fn, case["scores"], case["temperature"], name="softmax_weights"),
-    judge=_softmax_judge,
+softmax_weights = function_check(
+    "softmax_weights", 2, args=("scores", "temperature"), grade="softmax",
+    cases=_softmax_cases, judge=_softmax_judge,
     hints=(
         "Exponentials make the weights positive, a ratio makes them sum to 1, and shifting all "
         "scores equally changes nothing.",
         "Scale the scores by 1 / temperature first. Then subtract the largest scaled score, "
         "exponentiate, and divide by the total.",
         "w_j = exp(z_j - max(z)) / sum_l exp(z_l - max(z)) with z = scores / temperature.",
-        f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ch01_softmax_test",),
 )
 
 
@@ -136,12 +128,9 @@ def _lookup_judge(cases: list, outcomes: list) -> str:
     return "soft_lookup: weights and blended value match, for scalar and vector values."
 
 
-soft_lookup = Check(
-    id="ch01.soft_lookup",
-    cases=_lookup_cases,
-    run=lambda fn, case: call(fn, case["query"], case["keys"], case["values"],
-                              case["temperature"], name="soft_lookup"),
-    judge=_lookup_judge,
+soft_lookup = function_check(
+    "soft_lookup", 3, args=("query", "keys", "values", "temperature"),
+    cases=_lookup_cases, judge=_lookup_judge,
     forbid=((lookup, "soft_lookup"),),
     hints=(
         "Reuse your two functions above, then blend the values: each counts as much as its "
@@ -150,9 +139,7 @@ soft_lookup = Check(
         "weighted sum of the rows of values (it works for numbers and for vectors).",
         "value = sum_j w_j * values[j], where w = softmax(scores / temperature); return the pair "
         "(value, w).",
-        f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ch01_soft_lookup_test",),
 )
 
 
@@ -184,21 +171,16 @@ def _gradient_judge(cases: list, outcomes: list) -> str:
     return "query_gradient: autograd flows through the soft lookup to the query."
 
 
-query_gradient = Check(
-    id="ch01.query_gradient",
-    cases=_gradient_cases,
-    run=lambda fn, case: call(fn, case["query"], case["keys"], case["values"],
-                              case["temperature"], name="query_gradient"),
-    judge=_gradient_judge,
+query_gradient = function_check(
+    "query_gradient", 4, args=("query", "keys", "values", "temperature"), grade="gradient",
+    cases=_gradient_cases, judge=_gradient_judge,
     hints=(
         "Let autograd do the calculus: track the query, compute the value with torch operations, "
         "ask for the gradient.",
         "The inputs are NumPy arrays: turn the query into a torch tensor with requires_grad=True, "
         "the keys and values into tensors, use torch's softmax, then call backward() on the value.",
         "After value.backward(), the query tensor's .grad holds d value / d query, shape (d,).",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
-    grade_ids=("ch01_gradient_test",),
 )
 
 
@@ -235,7 +217,7 @@ def _temperature_judge(cases: list, outcomes: list) -> str:
 
 
 temperature_prediction = value_check(
-    id="ch01.temperature_prediction",
+    "temperature_prediction", 5, grade="temperature",
     judge=_temperature_judge,
     hints=(
         "Think about the two extremes of the temperature: what a softmax does to scores divided "
@@ -244,9 +226,7 @@ temperature_prediction = value_check(
         "every gap to almost nothing. Which key wins, and how do the weights look, in each case?",
         "Cold: the weights become one-hot on the largest score, so the value is that key's "
         "value. Hot: the weights become (nearly) 1/n each, so the value is (nearly) the mean.",
-        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
-    grade_ids=("ch01_temperature_test",),
 )
 
 
@@ -304,12 +284,9 @@ def _many_judge(cases: list, outcomes: list) -> str:
     return "lookup_many: every query's weights sum to 1 over the keys; the bug is fixed."
 
 
-lookup_many = Check(
-    id="ch01.lookup_many",
-    cases=_many_cases,
-    run=lambda fn, case: call(fn, case["queries"], case["keys"], case["values"],
-                              case["temperature"], name="lookup_many"),
-    judge=_many_judge,
+lookup_many = function_check(
+    "lookup_many", 6, args=("queries", "keys", "values", "temperature"),
+    cases=_many_cases, judge=_many_judge,
     forbid=((lookup, "soft_lookup"),),
     hints=(
         "Run the given function and ask what should sum to 1, and what does: one query's "
@@ -319,7 +296,5 @@ lookup_many = Check(
         "matrix.",
         "Sum over the keys' axis and keep it for broadcasting: e / e.sum(axis=1, keepdims=True) "
         "(and take the row maxima the same way).",
-        f"The worked answer is exercise 6 of {SOLUTION}.",
     ),
-    grade_ids=("ch01_lookup_many_test",),
 )

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import course_lib.attention as attention
 from course_lib.attention import scaled_dot_product_attention as _reference_attention
 from course_lib.attention import softmax as _reference_softmax
-from course_lib.checks._core import call, expect_close, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value_check
+from course_lib.checks._core import expect_close, fail, to_tensor
+from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_choice, read_numbers
 
 __all__ = ["attention_scores", "softmax_rows", "self_attention", "batched_attention",
@@ -63,20 +63,16 @@ def _scores_judge(cases: list, outcomes: list) -> str:
     return "attention_scores: q kᵀ / √d_k for every query-key pair, batch dims kept."
 
 
-attention_scores = Check(
-    id="ch02.attention_scores",
-    cases=_scores_cases,
-    run=lambda fn, case: call(fn, case["q"], case["k"], name="attention_scores"),
-    judge=_scores_judge,
+attention_scores = function_check(
+    "attention_scores", 1, args=("q", "k"), grade="scores",
+    cases=_scores_cases, judge=_scores_judge,
     hints=(
         "Every query meets every key: one scaled dot product per (query, key) pair, in one "
         "matrix product that keeps the batch dims.",
         "Multiply q (..., n_q, d_k) by k with its last two axes swapped, (..., d_k, n_k); that "
         "gives (..., n_q, n_k). Then divide by the square root of d_k.",
         "scores = q @ kᵀ / sqrt(d_k), where kᵀ swaps only the last two axes of k (dims -2, -1).",
-        f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ch02_scores_test",),
 )
 
 
@@ -119,11 +115,9 @@ def _softmax_judge(cases: list, outcomes: list) -> str:
     return "softmax_rows: a stable softmax over the key axis, fine for scores of ±1e4."
 
 
-softmax_rows = Check(
-    id="ch02.softmax_rows",
-    cases=_softmax_cases,
-    run=lambda fn, case: call(fn, case, name="softmax_rows"),
-    judge=_softmax_judge,
+softmax_rows = function_check(
+    "softmax_rows", 2, grade="softmax",
+    cases=_softmax_cases, judge=_softmax_judge,
     forbid=((attention, "softmax"), (torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax")),
     hints=(
         "Each row is one query's weights over the keys: positive, summing to 1, and safe from "
@@ -131,9 +125,7 @@ softmax_rows = Check(
         "Work along the last axis only: subtract each row's own maximum, exponentiate, divide by "
         "the row's total. Keep the reduced axis (keepdim) so the shapes broadcast.",
         "w = exp(s - max_j s) / sum_j exp(s - max_j s), max and sum over dim=-1, keepdim=True.",
-        f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ch02_softmax_test",),
 )
 
 
@@ -180,12 +172,9 @@ def _attention_judge(cases: list, outcomes: list) -> str:
     return "self_attention: Q, K, V from three maps, scaled scores, softmax, weighted values."
 
 
-self_attention = Check(
-    id="ch02.self_attention",
-    cases=_attention_cases,
-    run=lambda fn, case: call(fn, case["x"], case["w_q"], case["w_k"], case["w_v"],
-                              name="self_attention"),
-    judge=_attention_judge,
+self_attention = function_check(
+    "self_attention", 3, args=("x", "w_q", "w_k", "w_v"),
+    cases=_attention_cases, judge=_attention_judge,
     forbid=((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention")),
     hints=(
         "Self-attention is the noticeboard: every token writes a query, a key and a value, then "
@@ -194,9 +183,7 @@ self_attention = Check(
         "the scores into weights row by row, and blend the value rows with those weights.",
         "q, k, v = x w_q, x w_k, x w_v; weights = softmax(q kᵀ / sqrt(d_k)); out = weights v; "
         "return (out, weights).",
-        f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ch02_self_attention_test",),
 )
 
 
@@ -244,12 +231,9 @@ def _batched_judge(cases: list, outcomes: list) -> str:
     return "batched_attention: K's last two axes swapped, not reshaped; the bug is fixed."
 
 
-batched_attention = Check(
-    id="ch02.batched_attention",
-    cases=_batched_cases,
-    run=lambda fn, case: call(fn, case["x"], case["w_q"], case["w_k"], case["w_v"],
-                              name="batched_attention"),
-    judge=_batched_judge,
+batched_attention = function_check(
+    "batched_attention", 4, args=("x", "w_q", "w_k", "w_v"), grade="batched",
+    cases=_batched_cases, judge=_batched_judge,
     forbid=((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention")),
     hints=(
         "Right shapes do not mean right numbers: compute one score by hand (one query, one key, "
@@ -257,9 +241,7 @@ batched_attention = Check(
         "Look at how K becomes (batch, d_k, n). Changing a tensor's shape and swapping two of "
         "its axes are different operations: only one keeps each key's numbers together.",
         "Replace the reshape by a swap of the last two axes: k.transpose(-2, -1).",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
-    grade_ids=("ch02_batched_test",),
 )
 
 
@@ -301,7 +283,7 @@ def _shuffle_judge(cases: list, outcomes: list) -> str:
 
 
 shuffle_prediction = value_check(
-    id="ch02.shuffle_prediction",
+    "shuffle_prediction", 5, grade="shuffle",
     judge=_shuffle_judge,
     hints=(
         "Ask what a token's output depends on: its own query, and all the keys and values. "
@@ -310,9 +292,7 @@ shuffle_prediction = value_check(
         "(a sum does not care about order) and moves which row is called i.",
         "The outputs come out in the new order, each row unchanged: out(x[order]) equals "
         "out(x)[order], so the answer is 'shuffled'.",
-        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
-    grade_ids=("ch02_shuffle_test",),
 )
 
 
@@ -349,7 +329,7 @@ def _dilution_judge(cases: list, outcomes: list) -> str:
 
 
 dilution_experiment = value_check(
-    id="ch02.dilution_experiment",
+    "dilution_experiment", 6, grade="dilution",
     judge=_dilution_judge,
     hints=(
         "Measure it: many random queries, each scored against n random keys, and for each query "
@@ -359,7 +339,5 @@ dilution_experiment = value_check(
         "take each row's largest weight, and average.",
         "largest_weight[n] = softmax_rows(attention_scores(q, k)).amax(dim=-1).mean().item() "
         "for q ~ (500, 1, 16), k ~ (500, n, 16).",
-        f"The worked answer is exercise 6 of {SOLUTION}.",
     ),
-    grade_ids=("ch02_dilution_test",),
 )

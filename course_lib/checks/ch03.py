@@ -9,8 +9,8 @@ import math
 import torch
 
 from course_lib.attention import softmax as _softmax
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value_check
+from course_lib.checks._core import expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_numbers
 
 __all__ = ["predicted_variance", "measured_variance", "entropy", "entropy_prediction",
@@ -63,20 +63,16 @@ def _predict_judge(cases: list, outcomes: list) -> str:
     return "predicted_variance: d_k without scaling, 1 with it."
 
 
-predicted_variance = Check(
-    id="ch03.predicted_variance",
-    cases=_predict_cases,
-    run=lambda fn, case: call(fn, case["d_k"], case["scaled"], name="predicted_variance"),
-    judge=_predict_judge,
+predicted_variance = function_check(
+    "predicted_variance", 1, args=("d_k", "scaled"), grade="predict",
+    cases=_predict_cases, judge=_predict_judge,
     hints=(
         "Variances of independent terms add, and multiplying a quantity by c multiplies its "
         "variance by c squared.",
         "q·k is a sum of d_k products q_m k_m; each product of two independent unit-variance, "
         "zero-mean numbers has variance 1.",
         "Var(q·k) = d_k; Var(q·k / sqrt(d_k)) = d_k / d_k = 1.",
-        f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ch03_predict_test",),
 )
 
 
@@ -111,7 +107,7 @@ def _measured_judge(cases: list, outcomes: list) -> str:
 
 
 measured_variance = value_check(
-    id="ch03.measured_variance",
+    "measured_variance", 2, grade="measured",
     judge=_measured_judge,
     hints=(
         "Measure, do not derive: draw many random queries and keys, score every query against "
@@ -120,9 +116,7 @@ measured_variance = value_check(
         "normal; one matrix product gives all 300 x 300 raw scores; take their variance.",
         "measured_variance[d_k] = (Q @ K.T).var().item() with Q, K = torch.randn(300, d_k) "
         "each (no 1/sqrt(d_k)).",
-        f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ch03_measured_test",),
 )
 
 
@@ -161,20 +155,16 @@ def _entropy_judge(cases: list, outcomes: list) -> str:
     return "entropy: -Σ w log w per row, 0 for a one-hot row, log n for a uniform one."
 
 
-entropy = Check(
-    id="ch03.entropy",
-    cases=_entropy_cases,
-    run=lambda fn, case: call(fn, case, name="entropy"),
-    judge=_entropy_judge,
+entropy = function_check(
+    "entropy", 3,
+    cases=_entropy_cases, judge=_entropy_judge,
     hints=(
         "Entropy adds up -w log w over the keys of each row. A weight of exactly 0 contributes "
         "nothing, which floating point does not know by itself.",
         "Sum over the last axis only, one entropy per row, in nats (natural log). 0 · log 0 is "
         "NaN in floating point: use a function that treats it as 0, or mask those entries.",
         "H = -(w · log w).sum(dim=-1), with the w = 0 terms set to 0 (torch.xlogy does this).",
-        f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ch03_entropy_test",),
 )
 
 
@@ -211,11 +201,9 @@ def _jacobian_judge(cases: list, outcomes: list) -> str:
     return "softmax_jacobian: diag(p) - p pᵀ, which shrinks to 0 as p becomes one-hot."
 
 
-softmax_jacobian = Check(
-    id="ch03.softmax_jacobian",
-    cases=_jacobian_cases,
-    run=lambda fn, case: call(fn, case, name="softmax_jacobian"),
-    judge=_jacobian_judge,
+softmax_jacobian = function_check(
+    "softmax_jacobian", 5, grade="jacobian",
+    cases=_jacobian_cases, judge=_jacobian_judge,
     forbid=((torch.autograd.functional, "jacobian"),),
     hints=(
         "Differentiate p_i = exp(s_i) / Σ_l exp(s_l) by hand: s_j sits in the numerator only "
@@ -223,9 +211,7 @@ softmax_jacobian = Check(
         "The quotient rule gives ∂p_i/∂s_j = p_i (δ_ij - p_j): a diagonal part p_i on i = j and "
         "a part -p_i p_j everywhere.",
         "J = diag(p) - outer(p, p) with p = softmax(scores); shape (n, n).",
-        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
-    grade_ids=("ch03_jacobian_test",),
 )
 
 
@@ -278,7 +264,7 @@ def _entropy_prediction_judge(cases: list, outcomes: list) -> str:
 
 
 entropy_prediction = value_check(
-    id="ch03.entropy_prediction",
+    "entropy_prediction", 4,
     judge=_entropy_prediction_judge,
     hints=(
         "Two facts decide it: how spread out the raw scores are at d_k = 256, and what a "
@@ -287,7 +273,5 @@ entropy_prediction = value_check(
         "runs from 0 (all weight on one key) to log 6 (equal weights). Where does each case sit?",
         "Unscaled the scores' spread is 16: nearly one-hot, entropy close to 0 (about 0.1). "
         "Scaled the spread is 1: spread weights, about 1.5 nats (log 6 is 1.79).",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
-    grade_ids=("ch03_entropy_prediction_test",),
 )

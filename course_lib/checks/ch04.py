@@ -11,7 +11,7 @@ import course_lib.attention as attention
 import course_lib.masks as masks
 from course_lib.attention import softmax as _softmax
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value_check
+from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_numbers
 
 __all__ = ["causal_mask", "padding_mask", "to_additive", "masked_softmax", "causal_attention",
@@ -63,11 +63,9 @@ def _causal_judge(cases: list, outcomes: list) -> str:
     return "causal_mask: True on and below the diagonal; no query sees a later key."
 
 
-causal_mask = Check(
-    id="ch04.causal_mask",
-    cases=_causal_cases,
-    run=lambda fn, n: call(fn, n, name="causal_mask"),
-    judge=_causal_judge,
+causal_mask = function_check(
+    "causal_mask", 1, grade="causal",
+    cases=_causal_cases, judge=_causal_judge,
     forbid=((masks, "causal_mask"),),
     hints=(
         "Query i may look at keys 0..i and never at a later one: the answer depends only on "
@@ -75,9 +73,7 @@ causal_mask = Check(
         "Build the row index of every query and the column index of every key, and compare them "
         "with broadcasting; the result should be a boolean (n, n) tensor.",
         "mask[i, j] = (j <= i): True on and below the diagonal (a lower-triangular matrix).",
-        f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ch04_causal_test",),
 )
 
 
@@ -109,11 +105,10 @@ def _padding_judge(cases: list, outcomes: list) -> str:
     return "padding_mask: the first lengths[b] keys of sequence b, shape (batch, 1, n_keys)."
 
 
-padding_mask = Check(
-    id="ch04.padding_mask",
-    cases=_padding_cases,
+padding_mask = function_check(
+    "padding_mask", 2, grade="padding",
     run=lambda fn, case: call(fn, list(case["lengths"]), case["n_keys"], name="padding_mask"),
-    judge=_padding_judge,
+    cases=_padding_cases, judge=_padding_judge,
     forbid=((masks, "padding_mask"),),
     hints=(
         "A key is real when its position comes before its sequence's length; everything after "
@@ -121,9 +116,7 @@ padding_mask = Check(
         "Compare every key position 0..n_keys-1 with every sequence's length by broadcasting, "
         "which gives (batch, n_keys); then add a middle axis of size 1 for the queries.",
         "mask[b, 0, j] = (j < lengths[b]), shape (batch, 1, n_keys).",
-        f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ch04_padding_test",),
 )
 
 
@@ -160,20 +153,16 @@ def _additive_judge(cases: list, outcomes: list) -> str:
     return "to_additive: 0 where attention is allowed, -inf where it is blocked."
 
 
-to_additive = Check(
-    id="ch04.to_additive",
-    cases=_additive_cases,
-    run=lambda fn, mask: call(fn, mask, name="to_additive"),
-    judge=_additive_judge,
+to_additive = function_check(
+    "to_additive", 3, grade="additive",
+    cases=_additive_cases, judge=_additive_judge,
     hints=(
         "An additive mask is added to the scores: it must leave allowed scores alone and push "
         "blocked ones to where exp gives exactly zero.",
         "Start from a float tensor of zeros shaped like the mask and put minus infinity where the "
         "mask is False; multiplying by -inf would make 0 * -inf = NaN.",
         "additive = 0.0 where mask else float('-inf'): a fill (or torch.where) on ~mask.",
-        f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ch04_additive_test",),
 )
 
 
@@ -224,11 +213,9 @@ def _masked_softmax_judge(cases: list, outcomes: list) -> str:
     return "masked_softmax: exact zeros on masked keys, zero rows instead of NaN."
 
 
-masked_softmax = Check(
-    id="ch04.masked_softmax",
-    cases=_masked_softmax_cases,
-    run=lambda fn, case: call(fn, case["scores"], case["mask"], name="masked_softmax"),
-    judge=_masked_softmax_judge,
+masked_softmax = function_check(
+    "masked_softmax", 4, args=("scores", "mask"),
+    cases=_masked_softmax_cases, judge=_masked_softmax_judge,
     forbid=((attention, "softmax"), (attention, "scaled_dot_product_attention")),
     hints=(
         "Masked keys must get weight exactly 0, and a row with no allowed key has nothing to "
@@ -237,9 +224,7 @@ masked_softmax = Check(
         "max is then -inf: subtract 0 there instead, and never divide by a zero total.",
         "s = scores with -inf where ~mask; m = row max (0 where it is -inf); e = exp(s - m); "
         "w = e / total, with total replaced by 1 where it is 0.",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
-    grade_ids=("ch04_masked_softmax_test",),
 )
 
 
@@ -303,11 +288,9 @@ def _causal_attention_judge(cases: list, outcomes: list) -> str:
     return "causal_attention: no query reads a later key; the off-by-one is fixed."
 
 
-causal_attention = Check(
-    id="ch04.causal_attention",
-    cases=_causal_attention_cases,
-    run=lambda fn, case: call(fn, case["q"], case["k"], case["v"], name="causal_attention"),
-    judge=_causal_attention_judge,
+causal_attention = function_check(
+    "causal_attention", 5, args=("q", "k", "v"),
+    cases=_causal_attention_cases, judge=_causal_attention_judge,
     forbid=((masks, "causal_mask"), (attention, "scaled_dot_product_attention"),
             (torch.nn.functional, "scaled_dot_product_attention")),
     hints=(
@@ -317,9 +300,7 @@ causal_attention = Check(
         "n = 4, which (query, key) pairs the given mask blocks and which it should block.",
         "Block exactly the keys j > i: torch.triu(ones, diagonal=1) is the blocked set (or use "
         "your causal_mask from exercise 1 and mask where it is False).",
-        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
-    grade_ids=("ch04_causal_attention_test",),
 )
 
 
@@ -363,7 +344,7 @@ def _soft_mask_judge(cases: list, outcomes: list) -> str:
 
 
 soft_mask_experiment = value_check(
-    id="ch04.soft_mask_experiment",
+    "soft_mask_experiment", 6, grade="soft_mask",
     judge=_soft_mask_judge,
     hints=(
         "Mask softly instead of with -inf: push the blocked scores down by a finite amount and "
@@ -372,7 +353,5 @@ soft_mask_experiment = value_check(
         "the softmax of each row, and add up the weights on the blocked keys; average the 8 rows.",
         "leaked[m] = (softmax(scores - m * blocked) * blocked).sum(-1).mean() with blocked = "
         "triu(ones(8, 8, bool), diagonal=1).",
-        f"The worked answer is exercise 6 of {SOLUTION}.",
     ),
-    grade_ids=("ch04_soft_mask_test",),
 )

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import course_lib.multihead as multihead
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value, value_check
+from course_lib.checks._core import expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
 __all__ = ["split_heads", "merge_heads", "multi_head_attention", "flop_growth",
@@ -77,11 +77,9 @@ def _split_judge(cases: list, outcomes: list) -> str:
     return "split_heads: (batch, n, d) -> (batch, heads, n, d/heads), head i = feature slice i."
 
 
-split_heads = Check(
-    id="ch05.split_heads",
-    cases=_split_cases,
-    run=lambda fn, case: call(fn, case["x"], case["num_heads"], name="split_heads"),
-    judge=_split_judge,
+split_heads = function_check(
+    "split_heads", 1, args=("x", "num_heads"),
+    cases=_split_cases, judge=_split_judge,
     forbid=((multihead, "split_heads"),),
     hints=(
         "Each head gets its own slice of every position's features; the positions themselves "
@@ -90,9 +88,7 @@ split_heads = Check(
         "number, then swap the position and head axes.",
         "x viewed as (batch, n, heads, d_head), then transposed on axes 1 and 2 -> "
         "(batch, heads, n, d_head). A reshape straight to that shape mixes positions.",
-        f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ch05_split_heads_test",),
 )
 
 
@@ -122,11 +118,9 @@ def _merge_judge(cases: list, outcomes: list) -> str:
             "split_heads (the given version skipped moving the head axis back).")
 
 
-merge_heads = Check(
-    id="ch05.merge_heads",
-    cases=_merge_cases,
-    run=lambda fn, x: call(fn, x, name="merge_heads"),
-    judge=_merge_judge,
+merge_heads = function_check(
+    "merge_heads", 2,
+    cases=_merge_cases, judge=_merge_judge,
     forbid=((multihead, "merge_heads"),),
     hints=(
         "The given version returns the right shape with the wrong numbers: a round trip "
@@ -136,9 +130,7 @@ merge_heads = Check(
         "will refuse it.",
         "x transposed on axes 1 and 2 -> (batch, n, heads, d_head), then reshaped to "
         "(batch, n, heads * d_head).",
-        f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ch05_merge_heads_test",),
 )
 
 
@@ -200,12 +192,10 @@ def _mha_judge(cases: list, outcomes: list) -> str:
     return "multi_head_attention: split, attend per head with sqrt(d_head), merge, mix with w_o."
 
 
-multi_head_attention = Check(
-    id="ch05.multi_head_attention",
-    cases=_mha_cases,
-    run=lambda fn, case: call(fn, case["x"], case["w_q"], case["w_k"], case["w_v"], case["w_o"],
-                              case["num_heads"], case["mask"], name="multi_head_attention"),
-    judge=_mha_judge,
+multi_head_attention = function_check(
+    "multi_head_attention", 3, grade="mha",
+    args=("x", "w_q", "w_k", "w_v", "w_o", "num_heads", "mask"),
+    cases=_mha_cases, judge=_mha_judge,
     forbid=((multihead.MultiHeadAttention, "forward"), (F, "multi_head_attention_forward")),
     hints=(
         "Multi-head attention is one attention per head on that head's own slice of the "
@@ -214,9 +204,7 @@ multi_head_attention = Check(
         "(scaled by the HEAD width, with the mask), merge the heads, and apply w_o.",
         "q, k, v = split(x w_q), split(x w_k), split(x w_v); heads, weights = attention(q, k, v, "
         "mask) with scale 1/sqrt(d_head); out = merge(heads) w_o.",
-        f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ch05_mha_test",),
 )
 
 
@@ -262,7 +250,7 @@ def _flop_judge(cases: list, outcomes: list) -> str:
 
 
 flop_growth = value_check(
-    id="ch05.flop_growth",
+    "flop_growth", 4,
     judge=_flop_judge,
     hints=(
         "Split the cost into the part that does not care about heads (the projections) and the "
@@ -271,9 +259,7 @@ flop_growth = value_check(
         "Scores and blend: 2 n^2 d_head each, per head.",
         "total(h) = 8 n (h d_head)^2 + 4 h n^2 d_head; divide total(4) by total(1) at n = 64, "
         "d_head = 16.",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
-    grade_ids=("ch05_flop_growth_test",),
 )
 
 
@@ -327,11 +313,9 @@ def _prev_judge(cases: list, outcomes: list) -> str:
     return "previous_token_score: mean weight on position i-1, one score per head."
 
 
-previous_token_score = Check(
-    id="ch05.previous_token_score",
-    cases=_prev_cases,
-    run=lambda fn, case: call(fn, case["weights"], name="previous_token_score"),
-    judge=_prev_judge,
+previous_token_score = function_check(
+    "previous_token_score", 5, args=("weights",), grade="prev_score",
+    cases=_prev_cases, judge=_prev_judge,
     hints=(
         "A previous-token head puts its weight one step to the left of the diagonal: read those "
         "entries and average them per head.",
@@ -339,7 +323,5 @@ previous_token_score = Check(
         "has none). Average them over the batch and the queries, keeping the head axis.",
         "torch.diagonal with offset=-1 over the last two axes gives (batch, heads, n-1); its "
         "mean over dims 0 and 2 is the score.",
-        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
-    grade_ids=("ch05_prev_score_test",),
 )

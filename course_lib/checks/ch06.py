@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import course_lib.recurrent as recurrent
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value, value_check
+from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
 __all__ = ["rnn_step", "run_rnn", "gradient_vs_distance", "memory_numbers", "predicted_ratio",
@@ -85,12 +85,9 @@ def _step_judge(cases: list, outcomes: list) -> str:
     return "rnn_step: h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), the same as torch.nn.RNNCell."
 
 
-rnn_step = Check(
-    id="ch06.rnn_step",
-    cases=_step_cases,
-    run=lambda fn, case: call(fn, case["x_t"], case["h"], case["W_xh"], case["W_hh"], case["b"],
-                              name="rnn_step"),
-    judge=_step_judge,
+rnn_step = function_check(
+    "rnn_step", 1, args=("x_t", "h", "W_xh", "W_hh", "b"),
+    cases=_step_cases, judge=_step_judge,
     forbid=((recurrent, "rnn_step"), (nn.RNNCell, "forward")),
     hints=(
         "The new summary mixes two things, the current token and the old summary, each through "
@@ -98,9 +95,7 @@ rnn_step = Check(
         "Map the token with W_xh and the old summary with W_hh (both are stored (d_hidden, in), "
         "so use their transposes on row vectors), add the bias, apply tanh.",
         "h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), shape (batch, d_hidden).",
-        f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ch06_rnn_step_test",),
 )
 
 
@@ -147,12 +142,9 @@ def _run_judge(cases: list, outcomes: list) -> str:
             "should be.")
 
 
-run_rnn = Check(
-    id="ch06.run_rnn",
-    cases=_run_cases,
-    run=lambda fn, case: call(fn, case["x"], case["W_xh"], case["W_hh"], case["b"],
-                              name="run_rnn"),
-    judge=_run_judge,
+run_rnn = function_check(
+    "run_rnn", 2, args=("x", "W_xh", "W_hh", "b"),
+    cases=_run_cases, judge=_run_judge,
     forbid=((recurrent.RunningSummaryRNN, "forward"), (nn.RNN, "forward")),
     hints=(
         "Print the given loop's outputs for a sequence whose tokens are all the same: a "
@@ -162,9 +154,7 @@ run_rnn = Check(
         "position, keep every summary, and stack them along the position axis.",
         "h = zeros; for t in range(n): h = rnn_step(x[:, t], h, ...); outputs = stack of the h's "
         "on dim=1; return (outputs, h).",
-        f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ch06_run_rnn_test",),
 )
 
 
@@ -227,11 +217,10 @@ def _gradient_judge(cases: list, outcomes: list) -> str:
     return "gradient_vs_distance: the Jacobian norm of the last output for every input position."
 
 
-gradient_vs_distance = Check(
-    id="ch06.gradient_vs_distance",
-    cases=_gradient_cases,
+gradient_vs_distance = function_check(
+    "gradient_vs_distance", 3, grade="gradient",
     run=lambda fn, case: call(fn, _model(case), case["x"], name="gradient_vs_distance"),
-    judge=_gradient_judge,
+    cases=_gradient_cases, judge=_gradient_judge,
     forbid=((recurrent, "gradient_vs_distance"),),
     hints=(
         "Ask autograd how much the LAST output moves when you nudge input position j, for every "
@@ -241,9 +230,7 @@ gradient_vs_distance = Check(
         "helper) and reduce it to one number per position.",
         "J = jacobian of f(x)[0, -1] w.r.t. x, shape (d_out, 1, n, d); g[j] = sqrt of the sum of "
         "J² over every axis except the position axis.",
-        f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ch06_gradient_test",),
 )
 
 
@@ -279,21 +266,16 @@ def _memory_judge(cases: list, outcomes: list) -> str:
             "values.")
 
 
-memory_numbers = Check(
-    id="ch06.memory_numbers",
-    cases=_memory_cases,
-    run=lambda fn, case: call(fn, case["n"], case["d"], case["num_layers"],
-                              name="memory_numbers"),
-    judge=_memory_judge,
+memory_numbers = function_check(
+    "memory_numbers", 4, args=("n", "d", "num_layers"), grade="memory",
+    cases=_memory_cases, judge=_memory_judge,
     hints=(
         "Count what each model must keep to produce the next output: the RNN only its summary, "
         "attention everything it may look back at.",
         "The RNN keeps one state vector per layer, whatever n is. Attention keeps, for every "
         "earlier position and every layer, the key and the value it will be compared against.",
         "RNN: d · num_layers numbers; attention: 2 · n · d · num_layers (keys and values).",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
-    grade_ids=("ch06_memory_test",),
 )
 
 
@@ -322,7 +304,7 @@ def _book_judge(cases: list, outcomes: list) -> str:
 
 
 predicted_ratio = value_check(
-    id="ch06.predicted_ratio",
+    "predicted_ratio", 5,
     judge=_book_judge,
     hints=(
         "Count what each model must keep per layer to write the next token, and notice which "
@@ -330,9 +312,7 @@ predicted_ratio = value_check(
         "Per layer: the RNN keeps its summary; attention keeps one key and one value per token "
         "read so far, each as wide as the model.",
         "ratio = (2 · n · d · layers) / (d · layers) = 2n, with n = 100,000.",
-        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
-    grade_ids=("ch06_predicted_ratio_test",),
 )
 
 
@@ -372,7 +352,7 @@ def _far_judge(cases: list, outcomes: list) -> str:
 
 
 rnn_far = value_check(
-    id="ch06.rnn_far",
+    "rnn_far", 6,
     judge=_far_judge,
     hints=(
         "Your gradient_vs_distance already measures how hard each input pulls on the last "
@@ -380,7 +360,5 @@ rnn_far = value_check(
         "The RNN returns (outputs, h_last); the function to measure maps x to the outputs. "
         "g[0] is the first position, g[-1] the last.",
         "g = gradient_vs_distance(lambda t: rnn(t)[0], x); rnn_far = (g[0] / g[-1]).item()",
-        f"The worked answer is exercise 6 of {SOLUTION}.",
     ),
-    grade_ids=("ch06_rnn_far_test",),
 )

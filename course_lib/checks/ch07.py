@@ -11,7 +11,7 @@ import torch
 import course_lib.position as position
 from course_lib.attention import scaled_dot_product_attention as _sdpa
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value, value_check
+from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_bool, read_number
 from course_lib.position import apply_rope as _rope
 
@@ -68,7 +68,7 @@ def _blind_judge(cases: list, outcomes: list) -> str:
 
 
 causal_is_blind = value_check(
-    id="ch07.causal_is_blind",
+    "causal_is_blind", 1, grade="causal_blind",
     judge=_blind_judge,
     hints=(
         "The permutation argument of section 1 assumed every query sees every key. Does that "
@@ -77,9 +77,7 @@ causal_is_blind = value_check(
         "position 5 it sees five others too. Is its output the same?",
         "Not blind: the set of keys each query sees depends on its position, so shuffled "
         "inputs give more than shuffled outputs (causal_is_blind = False).",
-        f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ch07_causal_blind_test",),
 )
 
 
@@ -100,7 +98,7 @@ def _gap_judge(cases: list, outcomes: list) -> str:
 
 
 causal_gap = value_check(
-    id="ch07.causal_gap",
+    "causal_gap", 2,
     judge=_gap_judge,
     hints=(
         "Equivariance means 'shuffle in, the same shuffle out': compare the output for the "
@@ -110,9 +108,7 @@ causal_gap = value_check(
         "difference is the gap.",
         "out = attn(x, x, x, causal mask); out_s = attn(xs, xs, xs, causal mask) with "
         "xs = x[:, perm]; causal_gap = (out_s - out[:, perm]).abs().max().item().",
-        f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ch07_causal_gap_test",),
 )
 
 
@@ -174,11 +170,9 @@ def _rope_judge(cases: list, outcomes: list) -> str:
     return "apply_rope: neighbouring pairs rotated by position * 10000^(-2i/d); lengths kept."
 
 
-apply_rope = Check(
-    id="ch07.apply_rope",
-    cases=_rope_cases,
-    run=lambda fn, case: call(fn, case["x"], case["positions"], name="apply_rope"),
-    judge=_rope_judge,
+apply_rope = function_check(
+    "apply_rope", 3, args=("x", "positions"), grade="rope",
+    cases=_rope_cases, judge=_rope_judge,
     forbid=((position, "apply_rope"),),
     hints=(
         "The given RoPE passes the relative-position test, so test it where the answer is "
@@ -189,9 +183,7 @@ apply_rope = Check(
         "even' = even · cos θ - odd · sin θ, odd' = even · sin θ + odd · cos θ, with θ of shape "
         "(n, d/2); interleave even' and odd' back into (..., n, d): stack them on a new last "
         "axis and flatten it, rather than concatenating.",
-        f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ch07_rope_test",),
 )
 
 
@@ -258,11 +250,9 @@ def _cached_judge(cases: list, outcomes: list) -> str:
     return "cached_attention_step: token by token, the same outputs as full causal attention."
 
 
-cached_attention_step = Check(
-    id="ch07.cached_attention_step",
-    cases=_cached_cases,
-    run=_cached_run,
-    judge=_cached_judge,
+cached_attention_step = function_check(
+    "cached_attention_step", 4, run=_cached_run, grade="cached_step",
+    cases=_cached_cases, judge=_cached_judge,
     hints=(
         "When generating, only the newest token is new: keep every earlier key and value, add "
         "the new ones, and let the one new query attend over all of them.",
@@ -271,9 +261,7 @@ cached_attention_step = Check(
         "mask: nothing in the cache lies in the future.",
         "k_cache = cat([k_cache, k_new], dim=-2) (same for v); out = softmax(q_new k_cacheᵀ / "
         "sqrt(d)) v_cache; return (out, k_cache, v_cache).",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
-    grade_ids=("ch07_cached_step_test",),
 )
 
 
@@ -317,18 +305,14 @@ def _bytes_judge(cases: list, outcomes: list) -> str:
     return "kv_cache_bytes: 2 x layers x batch x heads x n x d_head x bytes per element."
 
 
-kv_cache_bytes = Check(
-    id="ch07.kv_cache_bytes",
-    cases=_bytes_cases,
-    run=lambda fn, case: call(fn, *(case[k] for k in _BYTES_ARGS), name="kv_cache_bytes"),
-    judge=_bytes_judge,
+kv_cache_bytes = function_check(
+    "kv_cache_bytes", 5, args=_BYTES_ARGS, grade="cache_bytes",
+    cases=_bytes_cases, judge=_bytes_judge,
     hints=(
         "Count what the cache stores: for every layer, a key tensor and a value tensor covering "
         "every sequence of the batch, every head and every token so far.",
         "One cached tensor holds batch x heads x n x d_head numbers; there are two of them (K "
         "and V) in each layer, and each number takes bytes_per_element bytes.",
         "bytes = 2 · num_layers · batch · num_heads · n · d_head · bytes_per_element.",
-        f"The worked answer is exercise 5 of {SOLUTION}.",
     ),
-    grade_ids=("ch07_cache_bytes_test",),
 )

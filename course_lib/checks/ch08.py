@@ -16,7 +16,7 @@ import course_lib.flash.tiled as tiled
 from course_lib.checks._ch08_backward import flash_backward
 from course_lib.checks._ch08_kernels import row_softmax, triton_inner_step
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, each, hint, value, value_check
+from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
 __all__ = ["online_update", "causal_tiled", "causal_fraction", "measured_causal_fraction",
@@ -106,11 +106,9 @@ def _update_judge(cases: list, outcomes: list) -> str:
             "and a row that has seen only masked scores stays at m = -inf, l = 0 without NaN.")
 
 
-online_update = Check(
-    id="ch08.online_update",
-    cases=_update_cases,
-    run=lambda fn, case: call(fn, case["m"], case["l"], case["tile"], name="online_update"),
-    judge=_update_judge,
+online_update = function_check(
+    "online_update", 1, args=("m", "l", "tile"),
+    cases=_update_cases, judge=_update_judge,
     hints=(
         "The running sum is kept relative to the running max, so growing the max means "
         "re-expressing the old sum; and remember chapter 04: a row may have seen nothing but "
@@ -122,9 +120,7 @@ online_update = Check(
         "subtract a finite stand-in there (0 does: every term is exp(-inf) = 0).",
         "m_new = max(m, rowmax(tile)); safe = where(m_new == -inf, 0, m_new); "
         "l_new = l · exp(m - safe) + Σ_j exp(tile_j - safe).",
-        f"The worked answer is exercise 1 of {SOLUTION}.",
     ),
-    grade_ids=("ch08_online_update_test",),
 )
 
 
@@ -210,11 +206,9 @@ def _tiled_judge(cases: list, outcomes: list) -> str:
             f"{peak / 2**20:.2f} MiB, well below the {grid / 2**20:.0f} MiB score grid.")
 
 
-causal_tiled = Check(
-    id="ch08.causal_tiled",
-    cases=_tiled_cases,
-    run=_tiled_run,
-    judge=_tiled_judge,
+causal_tiled = function_check(
+    "causal_tiled", 2, run=_tiled_run,
+    cases=_tiled_cases, judge=_tiled_judge,
     forbid=((F, "scaled_dot_product_attention"), (flash, "tiled_attention"),
             (flash, "naive_attention"), (tiled, "tiled_attention"), (tiled, "naive_attention")),
     hints=(
@@ -225,9 +219,7 @@ causal_tiled = Check(
         "-> -inf). Every row sees at least its own key, so no row is ever fully masked.",
         "for j in range(0, i + len(q_blk), block): s = q_blk k_jᵀ / sqrt(d); where key index "
         "> query index: s = -inf; then the online update of m, l, acc as in chapter 08.",
-        f"The worked answer is exercise 2 of {SOLUTION}.",
     ),
-    grade_ids=("ch08_causal_tiled_test",),
 )
 
 
@@ -274,7 +266,7 @@ def _fraction_judge(cases: list, outcomes: list) -> str:
 
 
 causal_fraction = value_check(
-    id="ch08.causal_fraction",
+    "causal_fraction", 3,
     judge=_fraction_judge,
     hints=(
         "Draw the grid of tiles and shade the ones a causal query block must still compute: "
@@ -283,9 +275,7 @@ causal_fraction = value_check(
         "tiles strictly above the diagonal (skipped) and the diagonal ones (computed whole).",
         "fraction = (tiles below the diagonal + diagonal tiles) / all tiles = T (T + 1) / 2 / T^2 "
         "with T = n / block.",
-        f"The worked answer is exercise 3 of {SOLUTION}.",
     ),
-    grade_ids=("ch08_causal_fraction_test",),
 )
 
 
@@ -311,7 +301,7 @@ def _measured_judge(cases: list, outcomes: list) -> str:
 
 
 measured_causal_fraction = value_check(
-    id="ch08.measured_causal_fraction",
+    "measured_causal_fraction", 4, grade="measured_fraction",
     judge=_measured_judge,
     hints=(
         "Let PyTorch count for you: run the course's tiled attention once with the causal mask "
@@ -320,7 +310,5 @@ measured_causal_fraction = value_check(
         "get_total_flops() after the block gives the count. Use course_lib.flash.tiled_attention.",
         "with FlopCounterMode(display=False) as c: tiled_attention(q, k, v, causal=True, "
         "block_size=128); the same with causal=False; divide the first total by the second.",
-        f"The worked answer is exercise 4 of {SOLUTION}.",
     ),
-    grade_ids=("ch08_measured_fraction_test",),
 )

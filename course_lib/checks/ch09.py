@@ -12,10 +12,10 @@ import torch.nn.functional as F
 import course_lib.attention as attention
 import course_lib.linear_attention as linear
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import Check, value, value_check
+from course_lib.checks._protocol import function_check, value, value_check
 from course_lib.cost import crossover_length
 
-SOLUTIONS = "the worked answer is in solutions/09_paying_less.ipynb"
+SOLUTION = "solutions/09_paying_less.ipynb"
 
 # ------------------------------------------------------------------------------------------------
 # exercise 1 (build): grouped-query attention
@@ -69,19 +69,19 @@ def _gqa_judge(cases: list, outcomes: list) -> str:
             "shapes, multi-query (g = 1) included.")
 
 
-grouped_query_attention = Check(
-    id="ch09.grouped_query_attention",
-    cases=_gqa_cases, run=_gqa_run, judge=_gqa_judge,
+grouped_query_attention = function_check(
+    "grouped_query_attention", 1, run=_gqa_run, grade="gqa",
+    cases=_gqa_cases, judge=_gqa_judge,
     forbid=((attention, "grouped_query_attention"), (F, "scaled_dot_product_attention")),
-    hints=("Each group of h/g consecutive query heads shares one key/value head: give every query "
-           "head its group's K and V, then it is ordinary attention per head.",
-           "Either copy K and V along the head axis so that there are h of them (each copied h/g "
-           "times in a row), or split the query heads into (g, h/g) and let K and V broadcast "
-           "over the second axis.",
-           "k_full = k.repeat_interleave(h // g, dim=1); then softmax(q k_fullᵀ / √d) v_full "
-           "(chapter 02's scaled_dot_product_attention does the last step).",
-           SOLUTIONS),
-    grade_ids=("ch09_gqa_test",),
+    hints=(
+        "Each group of h/g consecutive query heads shares one key/value head: give every query "
+        "head its group's K and V, then it is ordinary attention per head.",
+        "Either copy K and V along the head axis so that there are h of them (each copied h/g "
+        "times in a row), or split the query heads into (g, h/g) and let K and V broadcast "
+        "over the second axis.",
+        "k_full = k.repeat_interleave(h // g, dim=1); then softmax(q k_fullᵀ / √d) v_full "
+        "(chapter 02's scaled_dot_product_attention does the last step).",
+    ),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -130,18 +130,18 @@ def _recurrence_judge(cases: list, outcomes: list) -> str:
     return ("linear_recurrence: equals causal linear attention on every case; the bug is fixed.")
 
 
-linear_recurrence = Check(
-    id="ch09.linear_recurrence",
-    cases=_recurrence_cases, run=_recurrence_run, judge=_recurrence_judge,
+linear_recurrence = function_check(
+    "linear_recurrence", 2, run=_recurrence_run, grade="recurrence",
+    cases=_recurrence_cases, judge=_recurrence_judge,
     forbid=((linear, "linear_attention"), (linear, "linear_attention_recurrent")),
-    hints=("Look at the first output row, then at which tokens output i has seen: under a causal "
-           "mask, may a token attend to itself?",
-           "The state must include token i before token i's output is read: the order of the "
-           "lines inside the loop matters.",
-           "Inside the loop: first S = S + φ(k_i) v_iᵀ and z = z + φ(k_i), then "
-           "out_i = φ(q_i) S / (φ(q_i)·z).",
-           SOLUTIONS),
-    grade_ids=("ch09_recurrence_test",),
+    hints=(
+        "Look at the first output row, then at which tokens output i has seen: under a causal "
+        "mask, may a token attend to itself?",
+        "The state must include token i before token i's output is read: the order of the "
+        "lines inside the loop matters.",
+        "Inside the loop: first S = S + φ(k_i) v_iᵀ and z = z + φ(k_i), then "
+        "out_i = φ(q_i) S / (φ(q_i)·z).",
+    ),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -176,14 +176,15 @@ def _predict_judge(cases: list, outcomes: list) -> str:
 
 
 predicted_crossover = value_check(
-    id="ch09.predicted_crossover",
+    "predicted_crossover", 3, grade="predict",
     judge=_predict_judge,
-    hints=("Count both sides in multiply-adds: what grows like n·d² and what grows like n²·d?",
-           "The rest of the layer is four d x d projections and an MLP d -> 4d -> d; the "
-           "quadratic part is two products over the (n, n) grid.",
-           "2·n²·d (scores) + 2·n²·d (blend) = 8·n·d² (projections) + 16·n·d² (MLP): solve "
-           "for n.", SOLUTIONS),
-    grade_ids=("ch09_predict_test",),
+    hints=(
+        "Count both sides in multiply-adds: what grows like n·d² and what grows like n²·d?",
+        "The rest of the layer is four d x d projections and an MLP d -> 4d -> d; the "
+        "quadratic part is two products over the (n, n) grid.",
+        "2·n²·d (scores) + 2·n²·d (blend) = 8·n·d² (projections) + 16·n·d² (MLP): solve "
+        "for n.",
+    ),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -222,15 +223,15 @@ def _reach_judge(cases: list, outcomes: list) -> str:
             f"(accuracy {beyond:.2f}, chance 0.12).")
 
 
-window_reach = Check(
-    id="ch09.window_reach",
-    cases=lambda seed, hidden: [None], run=lambda reach, beyond, case: (reach, beyond),
-    judge=_reach_judge,
-    hints=("Train, then read the accuracy at each distance k from accuracy_by_distance: the reach "
-           "is where it stops being near 1.",
-           "reach: the largest k such that every distance 1..k has accuracy >= 0.9; beyond: the "
-           "mean accuracy over the distances k >= WINDOW.",
-           "acc = accuracy_by_distance(model, tokens, targets, VOCAB); walk k = 1, 2, ... while "
-           "acc[k] >= 0.9; beyond = mean of acc[k] for k >= WINDOW.", SOLUTIONS),
-    grade_ids=("ch09_experiment_test",),
+window_reach = function_check(
+    "window_reach", 4, run=lambda reach, beyond, case: (reach, beyond), grade="experiment",
+    cases=lambda seed, hidden: [None], judge=_reach_judge,
+    hints=(
+        "Train, then read the accuracy at each distance k from accuracy_by_distance: the reach "
+        "is where it stops being near 1.",
+        "reach: the largest k such that every distance 1..k has accuracy >= 0.9; beyond: the "
+        "mean accuracy over the distances k >= WINDOW.",
+        "acc = accuracy_by_distance(model, tokens, targets, VOCAB); walk k = 1, 2, ... while "
+        "acc[k] >= 0.9; beyond = mean of acc[k] for k >= WINDOW.",
+    ),
 )
