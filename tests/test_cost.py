@@ -65,6 +65,9 @@ def test_bench_rows_growth_and_crossover(tmp_path, capsys):
                                                      (128, "tiled (window 8)"),
                                                      (128, "SDPA + dense mask")]
     assert all(r["time_ms"] > 0 and r["peak_mib"] >= 0 for r in rows)
+    for r in rows:
+        assert r["time_min_ms"] <= r["time_ms"] <= r["time_max_ms"]
+        assert r["us_per_token"] == pytest.approx(1e3 * r["time_ms"] / r["n"])
     made = [{"n": n, "method": m, "time_ms": t} for n, m, t in
             [(1, "a", 1.0), (2, "a", 2.0), (4, "a", 4.0), (1, "b", 0.5), (2, "b", 2.0),
              (4, "b", 8.0)]]

@@ -4,6 +4,7 @@ import csv
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import course_lib.flash.measure as flash_measure
@@ -71,7 +72,11 @@ def test_run_cpu_rows_and_summary():
     summary = bench.cpu_summary(rows)
     assert "tiled time / SDPA time" in summary and "naive peak / tiled peak" in summary
     table = bench.format_table(rows, bench.CPU_COLUMNS, markdown=True)
-    assert table.splitlines()[0] == "| n | method | time_ms | peak_mib | grid_mib |"
+    assert table.splitlines()[0] == ("| n | method | time_ms | time_min_ms | time_max_ms | "
+                                     "ns_per_score | peak_mib | grid_mib |")
+    for r in rows:
+        assert r["time_min_ms"] <= r["time_ms"] <= r["time_max_ms"]
+        assert r["ns_per_score"] == pytest.approx(1e6 * r["time_ms"] / r["n"] ** 2)
 
 
 def test_flop_count():
@@ -89,7 +94,9 @@ def test_command_line_on_cpu_writes_csv(tmp_path):
     assert "torch SDPA" in result.stdout and "saved" in result.stdout
     with out.open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6 and set(rows[0]) == {"n", "method", "time_ms", "peak_mib", "grid_mib"}
+    assert len(rows) == 6 and set(rows[0]) == {"n", "method", "time_ms", "time_min_ms",
+                                               "time_max_ms", "ns_per_score", "peak_mib",
+                                               "grid_mib"}
 
 
 def test_gpu_summary_and_table_from_recorded_rows():

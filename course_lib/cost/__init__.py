@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib.attention import scaled_dot_product_attention
 from course_lib.masks import causal_mask
-from course_lib.measure import best_time, threads
+from course_lib.measure import threads, time_call
 from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
 from course_lib.validate import check_count
 
@@ -120,8 +120,8 @@ def crossover_from_counts(d_model: int, num_heads: int, d_mlp: int | None = None
 
 @torch.no_grad()
 def time_parts(lengths, d_model: int = 128, num_heads: int = 2, d_mlp: int | None = None,
-               repeats: int = 3, seed: int = 0, num_threads: int | None = 1) -> list[dict]:
-    """Wall time (best of `repeats`, seconds) of a real `Layer`'s parts on this CPU, per n.
+               repeats: int = 5, seed: int = 0, num_threads: int | None = 1) -> list[dict]:
+    """Wall time (the median of `repeats` runs, seconds) of a real `Layer`'s parts, per n.
 
     projections: the Q, K, V and output maps; mlp: the MLP; attention: scores, mask, softmax and
     blend (chapter 02's scaled_dot_product_attention on the heads). One row per n with those
@@ -148,7 +148,7 @@ def _time_one(layer: Layer, n: int, num_heads: int, repeats: int) -> dict[str, f
     def projections():
         return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), attn.out_proj(heads)
 
-    return {"projections": best_time(projections, repeats=repeats),
-            "mlp": best_time(lambda: layer.mlp(x), repeats=repeats),
-            "attention": best_time(lambda: scaled_dot_product_attention(q, k, v, mask),
-                                   repeats=repeats)}
+    return {"projections": time_call(projections, repeats=repeats).median,
+            "mlp": time_call(lambda: layer.mlp(x), repeats=repeats).median,
+            "attention": time_call(lambda: scaled_dot_product_attention(q, k, v, mask),
+                                   repeats=repeats).median}

@@ -13,8 +13,10 @@ linear: causal attention by softmax (SDPA, is_causal), by linear attention's par
   memory) and by its recurrent form (a (d, d_v) state per head, one token a step), 8 heads: the
   loop's cost per step hardly depends on the number of heads, softmax's grows with it.
 
-Each row: n, method, time_ms (best of a few, the methods taking turns), peak_mib (torch's
-profiler: the most memory allocated at once during the call, inputs excluded). The summary gives
+Each row: n, method, time_ms (the median of a few runs, the methods taking turns), time_min_ms
+and time_max_ms (the fastest and slowest run), us_per_token (the median time divided by n: flat
+where the cost is linear in n), peak_mib (torch's profiler: the most memory allocated at once
+during the call, inputs excluded). The summary gives
 each method's growth factor per doubling of n, and where the recurrent form overtakes softmax.
 """
 
@@ -31,11 +33,11 @@ from course_lib.flash import tiled_attention
 from course_lib.flash.bench import environment_line, format_table, save_csv
 from course_lib.linear_attention import linear_attention, linear_attention_recurrent
 from course_lib.masks import sliding_window_mask
-from course_lib.measure import best_time, peak_bytes, set_threads
+from course_lib.measure import Timing, peak_bytes, set_threads, time_call
 
 SIZES = (1024, 2048, 4096, 8192, 16384)
 QUICK_SIZES = (256, 512, 1024, 2048)
-COLUMNS = ["n", "method", "time_ms", "peak_mib"]
+COLUMNS = ["n", "method", "time_ms", "time_min_ms", "time_max_ms", "us_per_token", "peak_mib"]
 LINEAR_LIMITS = {"linear, parallel": 4096}  # its (8, n, n) grid: 512 MiB at n = 4096
 MiB = 2 ** 20
 
@@ -57,7 +59,7 @@ def linear_methods() -> dict:
 
 
 def measure(methods: dict, sizes, d: int = 64, heads: int = 1, window: int | None = None,
-            repeats: int = 3, memory: bool = True, seed: int = 0, max_seconds: float = 2.0,
+            repeats: int = 5, memory: bool = True, seed: int = 0, max_seconds: float = 2.0,
             limits: dict | None = None) -> list[dict]:
     """Time (and peak memory) of every method at every n: one row per (n, method).
 
@@ -75,16 +77,19 @@ def measure(methods: dict, sizes, d: int = 64, heads: int = 1, window: int | Non
         for fn in todo.values():                                     # warm-up
             fn(q[..., :64, :], k[..., :64, :], v[..., :64, :],
                None if mask is None else mask[:64, :64])
-        times = dict.fromkeys(todo, math.inf)
+        samples = {name: [] for name in todo}
         for _ in range(repeats):
             for name, fn in todo.items():
-                if times[name] > max_seconds and times[name] < math.inf:
+                if samples[name] and min(samples[name]) > max_seconds:
                     continue
-                times[name] = min(times[name], best_time(lambda: fn(q, k, v, mask),  # noqa: B023
-                                                         repeats=1, warmup=0))
+                samples[name].append(time_call(lambda: fn(q, k, v, mask),  # noqa: B023
+                                               repeats=1, warmup=0).median)
         for name, fn in todo.items():
+            t = Timing.of(samples[name])
             peak = peak_bytes(lambda: fn(q, k, v, mask)) if memory else -1  # noqa: B023
-            rows.append({"n": int(n), "method": name, "time_ms": 1e3 * times[name],
+            rows.append({"n": int(n), "method": name, "time_ms": 1e3 * t.median,
+                         "time_min_ms": 1e3 * t.low, "time_max_ms": 1e3 * t.high,
+                         "us_per_token": 1e6 * t.median / n,
                          "peak_mib": peak / MiB if peak >= 0 else math.nan})
     return rows
 
@@ -130,7 +135,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", help="sequence lengths n")
     parser.add_argument("--window", type=int, default=256, help="the sliding window W")
     parser.add_argument("--block-size", type=int, default=128, help="tiled_attention's block")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per method")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per method")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
     parser.add_argument("--csv", type=Path, default=Path("bench-results") / "cost_cpu.csv")
@@ -146,7 +151,7 @@ def main(argv=None) -> int:
     linear_rows = measure(linear_methods(), sizes, heads=8, repeats=args.repeats, memory=False,
                           limits=LINEAR_LIMITS)
     print("causal softmax vs linear attention, 8 heads, d = d_v = 64, fp32")
-    print(format_table(linear_rows, COLUMNS[:3], markdown=args.markdown))
+    print(format_table(linear_rows, COLUMNS[:-1], markdown=args.markdown))
     print(summary(window_rows, linear_rows))
     for r in window_rows:
         r["table"] = "window"

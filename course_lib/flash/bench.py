@@ -4,9 +4,10 @@
                                                      # (the GPU run when a GPU is present)
     python -m course_lib.flash.bench --device cuda   # GPU: TFLOP/s of flash_attention vs SDPA
 
-CPU: for each n, wall time (best of a few, the methods measured in turn so a busy machine slows
-them alike; fewer repeats once a call takes seconds) and peak extra memory (torch's profiler, see
-`course_lib/measure.py`) for one head, d = 64, float32. GPU: TFLOP/s forward and backward,
+CPU: for each n, wall time (the median of 5 runs with the fastest and slowest, the methods
+measured in turn so a busy machine slows them alike; fewer runs once a call takes seconds), the
+time per score entry, and peak extra memory (torch's profiler, see `course_lib/measure.py`) for
+one head, d = 64, float32. GPU: TFLOP/s forward and backward,
 FLOPs = 4·B·H·n²·d (halved when causal, ×2.5 for the backward pass), float16 and bfloat16,
 d in {64, 128}, causal and not; plus a bf16 matmul's rate for scale. Both print a table and save
 a CSV (default under bench-results/, which git ignores).
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.flash.tiled import naive_attention, tiled_attention
-from course_lib.measure import best_time, peak_bytes, threads
+from course_lib.measure import Timing, peak_bytes, threads, time_call
 
 CPU_SIZES = (1024, 2048, 4096, 8192)
 GPU_SIZES = (1024, 2048, 4096, 8192, 16384)
@@ -48,11 +49,13 @@ def cpu_methods(block_size: int = 512) -> dict:
     }
 
 
-def run_cpu(sizes=CPU_SIZES, d: int = 64, block_size: int = 512, repeats: int = 3,
+def run_cpu(sizes=CPU_SIZES, d: int = 64, block_size: int = 512, repeats: int = 5,
             seed: int = 0, progress: bool = True) -> list[dict]:
     """Time and peak memory of naive, tiled and torch SDPA attention for one head, float32.
 
-    Returns one row per (n, method): n, method, time_ms, peak_mib, grid_mib (one n x n fp32 grid).
+    Returns one row per (n, method): n, method, time_ms (the median of `repeats` runs),
+    time_min_ms and time_max_ms (the fastest and slowest), ns_per_score (the median time per entry
+    of the n x n grid), peak_mib, grid_mib (one n x n fp32 grid).
     """
     methods = cpu_methods(block_size)
     torch.manual_seed(seed)
@@ -61,19 +64,22 @@ def run_cpu(sizes=CPU_SIZES, d: int = 64, block_size: int = 512, repeats: int = 
     bar = _progress(len(steps) * 2, progress, "CPU benchmark")
     for n in sizes:
         q, k, v = (torch.randn(1, 1, n, d) for _ in range(3))     # (B=1, H=1, n, d)
-        times = {name: math.inf for name in methods}
+        samples = {name: [] for name in methods}
         if n <= 2048:  # warm-up matters for short calls
             for fn in methods.values():
                 fn(q, k, v)
         for _ in range(repeats):                                     # the methods take turns
             for name, fn in methods.items():
-                times[name] = min(times[name], best_time(partial(fn, q, k, v), repeats=1, warmup=0))
-            if max(times.values()) > 3.0:                            # a slow (or busy) machine:
+                samples[name].append(time_call(partial(fn, q, k, v), repeats=1, warmup=0).median)
+            if max(min(t) for t in samples.values()) > 3.0:          # a slow (or busy) machine:
                 break  # keep the whole run near a minute
         bar.update(len(methods))
         for name, fn in methods.items():
+            t = Timing.of(samples[name])
             peak = peak_bytes(partial(fn, q, k, v))
-            rows.append({"n": n, "method": name, "time_ms": 1e3 * times[name],
+            rows.append({"n": n, "method": name, "time_ms": 1e3 * t.median,
+                         "time_min_ms": 1e3 * t.low, "time_max_ms": 1e3 * t.high,
+                         "ns_per_score": 1e9 * t.median / n**2,
                          "peak_mib": peak / MiB, "grid_mib": n * n * 4 / MiB})
             bar.update(1)
     bar.close()
@@ -237,7 +243,8 @@ def format_table(rows: list[dict], columns: list[str], markdown: bool = False) -
     return "\n".join(lines)
 
 
-CPU_COLUMNS = ["n", "method", "time_ms", "peak_mib", "grid_mib"]
+CPU_COLUMNS = ["n", "method", "time_ms", "time_min_ms", "time_max_ms", "ns_per_score",
+               "peak_mib", "grid_mib"]
 GPU_COLUMNS = ["dtype", "d", "causal", "n", "mode", "provider", "time_ms", "tflops"]
 
 
