@@ -10,15 +10,19 @@ import torch.nn.functional as F
 
 import course_lib.flash as flash
 import course_lib.flash.tiled as tiled
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import (
+    call,
+    expect_close,
+    expect_pair,
+    expect_shape,
+    fail,
+    generator,
+    to_tensor,
+)
 from course_lib.checks._protocol import each, function_check
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
 MEMORY_N, MEMORY_BLOCK = 1024, 64
-
-
-def _generator(exercise: int, seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
 
 
 def _case(g, n_q, n_k, d, d_v, block, dtype=torch.float64, measure=False) -> dict:
@@ -33,7 +37,7 @@ def _case(g, n_q, n_k, d, d_v, block, dtype=torch.float64, measure=False) -> dic
 
 
 def _cases(seed: int, hidden: bool) -> list:
-    g = _generator(7, seed)
+    g = generator(7, seed)
     sizes = [(8, 8, 4, 4, 4), (20, 37, 8, 6, 8), (33, 16, 16, 16, 16), (5, 64, 8, 8, 32)]
     sizes += [(1, 1, 4, 3, 8), (50, 70, 8, 8, 16)] if hidden else []
     cases = [_case(g, *size) for size in sizes]
@@ -73,11 +77,7 @@ def _judge(cases: list, outcomes: list) -> str:
             if not isinstance(got, dict):
                 fail("the memory measurement of flash_backward came back malformed.")
             peak, got = got.get("peak"), got.get("out")
-        if got is None:
-            fail("flash_backward returned None: did you forget to `return` (dq, dk, dv)?")
-        if not (isinstance(got, (tuple, list)) and len(got) == 3):
-            fail(f"flash_backward should return a triple (dq, dk, dv); it returned "
-                 f"{type(got).__name__}.")
+        expect_pair(got, "flash_backward", "(dq, dk, dv)", n=3)
         want = _autograd(case)
         tol = 1e-9 if case["q"].dtype == torch.float64 else 1e-4
         grads = []

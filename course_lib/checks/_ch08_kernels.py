@@ -12,17 +12,13 @@ import torch
 import torch.nn.functional as F
 
 import course_lib.flash as flash
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import call, expect_close, expect_shape, fail, generator, to_tensor
 from course_lib.checks._protocol import each, function_check
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
 NO_TRITON = "triton-not-installed"
 SKIPPED = ("skipped, Triton is not installed here (it ships for Linux only); the other "
            "exercises still count.")
-
-
-def _generator(exercise: int, seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
 
 
 def _not_written_hint(error: BaseException) -> str | None:
@@ -74,7 +70,7 @@ def _inner_step_kernel():
 
 
 def _step_cases(seed: int, hidden: bool) -> list:
-    g = _generator(5, seed)
+    g = generator(5, seed)
     sizes = [(32, 64, 16, 1.0), (64, 128, 32, 1.0), (32, 64, 16, 60.0)]  # the last: huge logits
     sizes += [(48, 32, 16, 1.0), (16, 16, 16, 30.0)] if hidden else []
     return [{"q": torch.randn(n_q, d, generator=g) * spread, "k": torch.randn(n_k, d, generator=g),
@@ -163,7 +159,7 @@ triton_inner_step = function_check(
 # ------------------------------------------------------------- the row softmax (build)
 
 def _softmax_cases(seed: int, hidden: bool) -> list:
-    g = _generator(6, seed)
+    g = generator(6, seed)
     shapes = [(4, 16, 1.0), (5, 37, 1.0), (3, 100, 1.0), (6, 20, 1e3)]  # the last: huge logits
     shapes += [(1, 1, 1.0), (7, 129, 10.0)] if hidden else []
     cases = [torch.randn(rows, cols, generator=g) * spread for rows, cols, spread in shapes]

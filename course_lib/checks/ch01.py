@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 import course_lib.lookup as lookup
-from course_lib.checks._core import expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import expect_close, expect_pair, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_numbers
 
@@ -112,14 +112,7 @@ def _lookup_judge(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         want_value, want_weights = lookup.soft_lookup(
             case["query"], case["keys"], case["values"], case["temperature"])
-        if result is None:
-            fail("soft_lookup returned None: did you forget to `return` the pair "
-                 "(value, weights)?")
-        if not (isinstance(result, tuple) and len(result) == 2):
-            length = f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""
-            fail(f"soft_lookup should return a pair (value, weights); it returned "
-                 f"{type(result).__name__}{length}.")
-        blended, weights = result
+        blended, weights = expect_pair(result, "soft_lookup", "(value, weights)")
         expect_close(weights, torch.as_tensor(want_weights), "the weights", atol=1e-9, rtol=1e-7,
                      hint="One weight per key: the softmax of the query's scores, with the "
                           "temperature.")
@@ -254,13 +247,7 @@ def _many_judge(cases: list, outcomes: list) -> str:
         queries, keys, values = case["queries"], case["keys"], case["values"]
         scores = queries @ keys.T / case["temperature"]
         (m, n), want = scores.shape, _many_softmax(scores, axis=1)
-        if result is None:
-            fail("lookup_many returned None: did you forget to `return` the pair "
-                 "(blended, weights)?")
-        if not (isinstance(result, tuple) and len(result) == 2):
-            fail(f"lookup_many should return a pair (blended, weights); it returned "
-                 f"{type(result).__name__}.")
-        blended, weights = result
+        blended, weights = expect_pair(result, "lookup_many", "(blended, weights)")
         w = to_tensor(weights, "the weights of lookup_many", dtype=torch.float64)
         expect_shape(w, (m, n), "the weights of lookup_many", "One row per query, one column per "
                      "key.")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import course_lib.attention as attention
 from course_lib.attention import scaled_dot_product_attention as _reference_attention
 from course_lib.attention import softmax as _reference_softmax
-from course_lib.checks._core import expect_close, fail, to_tensor
+from course_lib.checks._core import expect_close, expect_pair, fail, generator, randn, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_choice, read_numbers
 
@@ -20,14 +20,6 @@ __all__ = ["attention_scores", "softmax_rows", "self_attention", "batched_attent
 SOLUTION = "solutions/02_queries_keys_values.ipynb"
 
 
-def _randn(g: torch.Generator, *shape) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-
-def _generator(exercise: int, seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
-
-
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-6, rtol=1e-5))
 
@@ -35,11 +27,11 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 # ---------------------------------------------------------------- exercise 1
 
 def _scores_cases(seed: int, hidden: bool) -> list:
-    g = _generator(1, seed)
+    g = generator(1, seed)
     shapes = [((5, 4), (6, 4)), ((3, 16), (3, 16)), ((2, 3, 5, 8), (2, 3, 7, 8))]
     if hidden:
         shapes += [((2, 4), (3, 4)), ((1, 1), (1, 1)), ((4, 1, 9, 32), (4, 1, 2, 32))]
-    return [{"q": _randn(g, *q), "k": _randn(g, *k)} for q, k in shapes]
+    return [{"q": randn(g, *q), "k": randn(g, *k)} for q, k in shapes]
 
 
 def _scores_judge(cases: list, outcomes: list) -> str:
@@ -79,16 +71,16 @@ attention_scores = function_check(
 # ---------------------------------------------------------------- exercise 2
 
 def _softmax_cases(seed: int, hidden: bool) -> list:
-    g = _generator(2, seed)
+    g = generator(2, seed)
     cases = [
-        _randn(g, 4, 6),
-        _randn(g, 2, 3, 5) * 3,
+        randn(g, 4, 6),
+        randn(g, 2, 3, 5) * 3,
         torch.tensor([[1e4, -1e4, 0.0], [-1e4, -1e4 + 1.0, -1e4]], dtype=torch.float64),
         torch.tensor([[0.5]], dtype=torch.float64),
     ]
     if hidden:
         cases += [torch.tensor([[1e4, -1e4]], dtype=torch.float64),
-                  torch.zeros(2, 4, dtype=torch.float64), _randn(g, 3, 40) * 50]
+                  torch.zeros(2, 4, dtype=torch.float64), randn(g, 3, 40) * 50]
     return cases
 
 
@@ -132,26 +124,22 @@ softmax_rows = function_check(
 # ---------------------------------------------------------------- exercise 3
 
 def _attention_cases(seed: int, hidden: bool) -> list:
-    g = _generator(3, seed)
+    g = generator(3, seed)
     shapes = [((6, 8), 4, 5), ((2, 6, 8), 4, 3), ((3, 12), 6, 6)]
     if hidden:
         shapes += [((5, 8), 4, 2), ((1, 4), 2, 2)]
     cases = []
     for x_shape, d_k, d_v in shapes:
         d_model = x_shape[-1]
-        cases.append({"x": _randn(g, *x_shape), "w_q": _randn(g, d_model, d_k),
-                      "w_k": _randn(g, d_model, d_k), "w_v": _randn(g, d_model, d_v)})
+        cases.append({"x": randn(g, *x_shape), "w_q": randn(g, d_model, d_k),
+                      "w_k": randn(g, d_model, d_k), "w_v": randn(g, d_model, d_v)})
     return cases
 
 
 def _attention_judge(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         x = case["x"]
-        if not (isinstance(result, tuple) and len(result) == 2):
-            length = f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""
-            fail(f"self_attention should return a pair (out, weights); it returned "
-                 f"{type(result).__name__}{length}.")
-        out, weights = result
+        out, weights = expect_pair(result, "self_attention", "(out, weights)")
         q, k, v = x @ case["w_q"], x @ case["w_k"], x @ case["w_v"]
         want_out, want_weights = _reference_attention(q, k, v)
         w = to_tensor(weights, "the weights", dtype=torch.float64)
@@ -197,21 +185,17 @@ def _reshaped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
 
 
 def _batched_cases(seed: int, hidden: bool) -> list:
-    g = _generator(4, seed)
+    g = generator(4, seed)
     shapes = [(2, 5, 8, 4, 3), (3, 6, 4, 4, 4), (1, 7, 6, 2, 5)]
     shapes += [(4, 9, 8, 3, 2), (2, 1, 4, 4, 4)] if hidden else []
-    return [{"x": _randn(g, b, n, d), "w_q": _randn(g, d, d_k), "w_k": _randn(g, d, d_k),
-             "w_v": _randn(g, d, d_v)} for b, n, d, d_k, d_v in shapes]
+    return [{"x": randn(g, b, n, d), "w_q": randn(g, d, d_k), "w_k": randn(g, d, d_k),
+             "w_v": randn(g, d, d_v)} for b, n, d, d_k, d_v in shapes]
 
 
 def _batched_judge(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         x = case["x"]
-        if not (isinstance(result, tuple) and len(result) == 2):
-            length = f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""
-            fail(f"batched_attention should return a pair (out, weights); it returned "
-                 f"{type(result).__name__}{length}.")
-        out, weights = result
+        out, weights = expect_pair(result, "batched_attention", "(out, weights)")
         q, k, v = x @ case["w_q"], x @ case["w_k"], x @ case["w_v"]
         want_out, want_weights = _reference_attention(q, k, v)
         w = to_tensor(weights, "the weights of batched_attention", dtype=torch.float64)

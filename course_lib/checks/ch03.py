@@ -9,7 +9,7 @@ import math
 import torch
 
 from course_lib.attention import softmax as _softmax
-from course_lib.checks._core import expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import expect_close, expect_shape, fail, generator, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_numbers
 
@@ -17,10 +17,6 @@ __all__ = ["predicted_variance", "measured_variance", "entropy", "entropy_predic
            "softmax_jacobian", "hint"]
 
 SOLUTION = "solutions/03_scaling.ipynb"
-
-
-def _generator(exercise: int, seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
 
 
 def _number(got, what: str) -> float:
@@ -123,7 +119,7 @@ measured_variance = value_check(
 # ---------------------------------------------------------------- exercise 3
 
 def _entropy_cases(seed: int, hidden: bool) -> list:
-    g = _generator(3, seed)
+    g = generator(3, seed)
     cases = [
         torch.full((1, 8), 1 / 8, dtype=torch.float64),
         torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]], dtype=torch.float64),
@@ -171,7 +167,7 @@ entropy = function_check(
 # ---------------------------------------------------------------- exercise 4
 
 def _jacobian_cases(seed: int, hidden: bool) -> list:
-    g = _generator(4, seed)
+    g = generator(4, seed)
     cases = [torch.randn(5, generator=g, dtype=torch.float64),
              torch.randn(3, generator=g, dtype=torch.float64) * 4,
              torch.tensor([30.0, 0.0, -2.0, 1.0], dtype=torch.float64)]

@@ -10,7 +10,15 @@ import torch
 import course_lib.attention as attention
 import course_lib.masks as masks
 from course_lib.attention import softmax as _softmax
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import (
+    call,
+    expect_close,
+    expect_pair,
+    expect_shape,
+    fail,
+    generator,
+    to_tensor,
+)
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_numbers
 
@@ -18,10 +26,6 @@ __all__ = ["causal_mask", "padding_mask", "to_additive", "masked_softmax", "caus
            "soft_mask_experiment", "hint"]
 
 SOLUTION = "solutions/04_masking.ipynb"
-
-
-def _generator(exercise: int, seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
 
 
 def _bool_result(got, what: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -82,7 +86,7 @@ causal_mask = function_check(
 def _padding_cases(seed: int, hidden: bool) -> list:
     cases = [([3, 1], 4), ([5], 5), ([2, 4, 0], 6)]
     if hidden:
-        g = _generator(2, seed)
+        g = generator(2, seed)
         cases += [([2], 3), (torch.randint(0, 9, (5,), generator=g).tolist(), 9)]
     return [{"lengths": lengths, "n_keys": n_keys} for lengths, n_keys in cases]
 
@@ -123,7 +127,7 @@ padding_mask = function_check(
 # ---------------------------------------------------------------- exercise 3
 
 def _additive_cases(seed: int, hidden: bool) -> list:
-    g = _generator(3, seed)
+    g = generator(3, seed)
     cases = [torch.ones(3, 3, dtype=torch.bool).tril(), torch.rand(2, 4, 5, generator=g) > 0.4]
     if hidden:
         cases += [torch.tensor([True, False]), torch.zeros(2, 2, dtype=torch.bool)]
@@ -169,7 +173,7 @@ to_additive = function_check(
 # ---------------------------------------------------------------- exercise 4
 
 def _masked_softmax_cases(seed: int, hidden: bool) -> list:
-    g = _generator(4, seed)
+    g = generator(4, seed)
     scores = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
     random_mask = torch.rand(2, 4, 5, generator=g) > 0.4
     random_mask[0, 1] = False  # one query with every key masked
@@ -242,7 +246,7 @@ def _causal_reference(q, k, v, diagonal: int = 1):
 
 
 def _causal_attention_cases(seed: int, hidden: bool) -> list:
-    g = _generator(5, seed)
+    g = generator(5, seed)
     shapes = [((6, 4), 3), ((2, 5, 8), 2), ((3, 2, 7, 4), 4)] + ([((1, 2), 1), ((9, 16), 5)]
                                                                  if hidden else [])
     cases = []
@@ -262,10 +266,8 @@ def _causal_attention_judge(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         q, k, v = case["q"], case["k"], case["v"]
         n = q.shape[-2]
-        if not (isinstance(result, tuple) and len(result) == 2):
-            fail(f"causal_attention should return a pair (out, weights) of shapes (..., n, d_v) "
-                 f"and (..., n, n); it returned a {type(result).__name__}.")
-        out, weights = result
+        out, weights = expect_pair(result, "causal_attention", "(out, weights) of shapes "
+                                   "(..., n, d_v) and (..., n, n)")
         want_out, want_w = _causal_reference(q, k, v)
         w = to_tensor(weights, "the weights of causal_attention", dtype=torch.float64)
         expect_shape(w, want_w.shape, "the weights of causal_attention")

@@ -10,7 +10,15 @@ import torch
 import torch.nn.functional as F
 
 import course_lib.multihead as multihead
-from course_lib.checks._core import expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import (
+    expect_close,
+    expect_pair,
+    expect_shape,
+    fail,
+    generator,
+    randn,
+    to_tensor,
+)
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
@@ -18,14 +26,6 @@ __all__ = ["split_heads", "merge_heads", "multi_head_attention", "flop_growth",
            "previous_token_score", "hint"]
 
 SOLUTION = "solutions/05_multihead.ipynb"
-
-
-def _generator(exercise: int, seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
-
-
-def _randn(g: torch.Generator, *shape) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=torch.float64)
 
 
 def _ref_split(x: torch.Tensor, h: int) -> torch.Tensor:
@@ -50,10 +50,10 @@ def _ref_mha(x, w_q, w_k, w_v, w_o, num_heads, mask=None):
 # ---------------------------------------------------------------- exercise 1
 
 def _split_cases(seed: int, hidden: bool) -> list:
-    g = _generator(1, seed)
+    g = generator(1, seed)
     sizes = [((1, 3, 4), 2), ((2, 5, 12), 3), ((3, 4, 8), 8), ((2, 6, 6), 1)]
     sizes += [((1, 7, 12), 4), ((4, 2, 6), 2)] if hidden else []
-    return [{"x": _randn(g, *shape), "num_heads": h} for shape, h in sizes]
+    return [{"x": randn(g, *shape), "num_heads": h} for shape, h in sizes]
 
 
 def _split_judge(cases: list, outcomes: list) -> str:
@@ -95,10 +95,10 @@ split_heads = function_check(
 # ---------------------------------------------------------------- exercise 2
 
 def _merge_cases(seed: int, hidden: bool) -> list:
-    g = _generator(2, seed)
+    g = generator(2, seed)
     shapes = [(1, 2, 3, 2), (2, 3, 5, 4), (2, 8, 4, 1), (3, 1, 6, 5)]
     shapes += [(2, 3, 5, 4), (1, 4, 1, 3)] if hidden else []
-    return [_randn(g, *shape) for shape in shapes]
+    return [randn(g, *shape) for shape in shapes]
 
 
 def _merge_judge(cases: list, outcomes: list) -> str:
@@ -137,13 +137,13 @@ merge_heads = function_check(
 # ---------------------------------------------------------------- exercise 3
 
 def _mha_cases(seed: int, hidden: bool) -> list:
-    g = _generator(3, seed)
+    g = generator(3, seed)
     sizes = [(2, 5, 8, 2, False), (1, 6, 12, 3, True), (3, 4, 16, 4, True), (2, 3, 6, 1, False)]
     sizes += [(1, 1, 4, 2, True), (2, 7, 8, 4, False)] if hidden else []
     cases = []
     for B, n, d, h, masked in sizes:
-        ws = [_randn(g, d, d) / math.sqrt(d) for _ in range(4)]
-        cases.append({"x": _randn(g, B, n, d), "w_q": ws[0], "w_k": ws[1], "w_v": ws[2],
+        ws = [randn(g, d, d) / math.sqrt(d) for _ in range(4)]
+        cases.append({"x": randn(g, B, n, d), "w_q": ws[0], "w_k": ws[1], "w_v": ws[2],
                       "w_o": ws[3], "num_heads": h,
                       "mask": torch.ones(n, n, dtype=torch.bool).tril() if masked else None})
     return cases
@@ -155,9 +155,7 @@ def _mha_judge(cases: list, outcomes: list) -> str:
         ws = [case[k] for k in ("w_q", "w_k", "w_v", "w_o")]
         d = x.shape[-1]
         want_out, want_w = _ref_mha(x, *ws, h, mask)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            fail(f"multi_head_attention should return a pair (out, weights), got "
-                 f"{type(got).__name__}.")
+        expect_pair(got, "multi_head_attention", "(out, weights)")
         out = to_tensor(got[0], "out", dtype=torch.float64)
         w = to_tensor(got[1], "weights", dtype=torch.float64)
         expect_shape(w, want_w.shape, "weights", hint="wanted (batch, heads, n, n): one grid per "
@@ -273,7 +271,7 @@ def _perfect_head(n: int) -> torch.Tensor:
 
 
 def _prev_cases(seed: int, hidden: bool) -> list:
-    g = _generator(4, seed)
+    g = generator(4, seed)
     sizes = [(2, 3, 5), (1, 1, 4), (4, 2, 9)] + ([(1, 4, 2), (3, 2, 16)] if hidden else [])
     cases = []
     for B, h, n in sizes:

@@ -11,7 +11,16 @@ import torch
 import torch.nn as nn
 
 import course_lib.recurrent as recurrent
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import (
+    call,
+    expect_close,
+    expect_pair,
+    expect_shape,
+    fail,
+    generator,
+    randn,
+    to_tensor,
+)
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
@@ -21,18 +30,10 @@ __all__ = ["rnn_step", "run_rnn", "gradient_vs_distance", "memory_numbers", "pre
 SOLUTION = "solutions/06_attention_vs_recurrence.ipynb"
 
 
-def _generator(exercise: int, seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
-
-
-def _randn(g: torch.Generator, *shape, scale: float = 1.0) -> torch.Tensor:
-    return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
-
-
 def _params(g: torch.Generator, d_in: int, d_h: int) -> dict:
     s = 1 / math.sqrt(d_h)
-    return {"W_xh": _randn(g, d_h, d_in, scale=s), "W_hh": _randn(g, d_h, d_h, scale=s),
-            "b": _randn(g, d_h, scale=s)}
+    return {"W_xh": randn(g, d_h, d_in, scale=s), "W_hh": randn(g, d_h, d_h, scale=s),
+            "b": randn(g, d_h, scale=s)}
 
 
 def _step(x_t, h, W_xh, W_hh, b):
@@ -42,13 +43,13 @@ def _step(x_t, h, W_xh, W_hh, b):
 # ---------------------------------------------------------------- exercise 1
 
 def _step_cases(seed: int, hidden: bool) -> list:
-    g = _generator(1, seed)
+    g = generator(1, seed)
     sizes = [(1, 3, 4), (4, 5, 8), (2, 6, 6)] + ([(3, 1, 2), (2, 16, 4)] if hidden else [])
-    cases = [dict(_params(g, d_in, d_h), x_t=_randn(g, B, d_in), h=_randn(g, B, d_h))
+    cases = [dict(_params(g, d_in, d_h), x_t=randn(g, B, d_in), h=randn(g, B, d_h))
              for B, d_in, d_h in sizes]
     # torch's own RNN cell, whose two biases add up to b
-    cell = {"x_t": _randn(g, 2, 3), "h": _randn(g, 2, 5), "W_xh": _randn(g, 5, 3),
-            "W_hh": _randn(g, 5, 5), "b_ih": _randn(g, 5), "b_hh": _randn(g, 5)}
+    cell = {"x_t": randn(g, 2, 3), "h": randn(g, 2, 5), "W_xh": randn(g, 5, 3),
+            "W_hh": randn(g, 5, 5), "b_ih": randn(g, 5), "b_hh": randn(g, 5)}
     return cases + [dict(cell, b=cell["b_ih"] + cell["b_hh"])]
 
 
@@ -102,9 +103,9 @@ rnn_step = function_check(
 # ---------------------------------------------------------------- exercise 2
 
 def _run_cases(seed: int, hidden: bool) -> list:
-    g = _generator(2, seed)
+    g = generator(2, seed)
     sizes = [(1, 4, 3, 5), (3, 7, 4, 6), (2, 1, 2, 3)] + ([(2, 12, 3, 3)] if hidden else [])
-    return [dict(_params(g, d_in, d_h), x=_randn(g, B, n, d_in)) for B, n, d_in, d_h in sizes]
+    return [dict(_params(g, d_in, d_h), x=randn(g, B, n, d_in)) for B, n, d_in, d_h in sizes]
 
 
 def _run_judge(cases: list, outcomes: list) -> str:
@@ -118,8 +119,7 @@ def _run_judge(cases: list, outcomes: list) -> str:
             h = _step(x[:, t], h, W_xh, W_hh, b)
             outs.append(h)
         want_out, want_h = torch.stack(outs, dim=1), h
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            fail(f"run_rnn should return a pair (outputs, h_last), got {type(got).__name__}.")
+        expect_pair(got, "run_rnn", "(outputs, h_last)")
         out = to_tensor(got[0], "outputs", dtype=torch.float64)
         h_last = to_tensor(got[1], "h_last", dtype=torch.float64)
         if out.shape == (n, B, d_h) and n != B:
@@ -161,12 +161,12 @@ run_rnn = function_check(
 # ---------------------------------------------------------------- exercise 3
 
 def _gradient_cases(seed: int, hidden: bool) -> list:
-    g = _generator(3, seed)
-    cases = [{"model": "rnn", **_params(g, 4, 6), "x": _randn(g, 1, 7, 4)},
-             {"model": "attention", "W": _randn(g, 3, 4, 4, scale=0.5), "x": _randn(g, 1, 5, 4)}]
+    g = generator(3, seed)
+    cases = [{"model": "rnn", **_params(g, 4, 6), "x": randn(g, 1, 7, 4)},
+             {"model": "attention", "W": randn(g, 3, 4, 4, scale=0.5), "x": randn(g, 1, 5, 4)}]
     if hidden:
-        cases += [{"model": "rnn", **_params(g, 2, 3), "x": _randn(g, 1, 12, 2)},
-                  {"model": "attention", "W": _randn(g, 3, 2, 2), "x": _randn(g, 1, 2, 2)}]
+        cases += [{"model": "rnn", **_params(g, 2, 3), "x": randn(g, 1, 12, 2)},
+                  {"model": "attention", "W": randn(g, 3, 2, 2), "x": randn(g, 1, 2, 2)}]
     return cases
 
 
@@ -245,9 +245,7 @@ def _memory_cases(seed: int, hidden: bool) -> list:
 def _memory_judge(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         n, d, layers = case["n"], case["d"], case["num_layers"]
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            fail(f"memory_numbers should return a pair (rnn_numbers, attention_numbers), got "
-                 f"{type(got).__name__}.")
+        expect_pair(got, "memory_numbers", "(rnn_numbers, attention_numbers)")
         try:
             rnn, attn = (int(v) for v in got)
         except (TypeError, ValueError, RuntimeError):

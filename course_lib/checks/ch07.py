@@ -10,7 +10,7 @@ import torch
 
 import course_lib.position as position
 from course_lib.attention import scaled_dot_product_attention as _sdpa
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import call, expect_close, expect_shape, fail, generator, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_bool, read_number
 from course_lib.position import apply_rope as _rope
@@ -19,10 +19,6 @@ __all__ = ["causal_is_blind", "causal_gap", "apply_rope", "cached_attention_step
            "kv_cache_bytes", "hint"]
 
 SOLUTION = "solutions/07_order_and_memory.ipynb"
-
-
-def _generator(exercise: int, seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
 
 
 def _same(t: torch.Tensor, want: torch.Tensor, atol: float = 1e-5) -> bool:
@@ -125,7 +121,7 @@ def _rope_half(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def _rope_cases(seed: int, hidden: bool) -> list:
-    g = _generator(2, seed)
+    g = generator(2, seed)
     cases = [(torch.randn(6, 4, generator=g, dtype=torch.float64), torch.arange(6)),
              (torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64), torch.arange(5)),
              (torch.randn(7, 16, generator=g, dtype=torch.float64),
@@ -190,7 +186,7 @@ apply_rope = function_check(
 # ---------------------------------------------------------------- exercise 4
 
 def _cached_cases(seed: int, hidden: bool) -> list:
-    g = _generator(3, seed)
+    g = generator(3, seed)
     sizes = [(1, 1, 5, 4), (2, 3, 6, 8)] + ([(1, 2, 9, 2)] if hidden else [])
     cases = []
     for B, H, n, d in sizes:

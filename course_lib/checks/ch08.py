@@ -15,7 +15,15 @@ import course_lib.flash as flash
 import course_lib.flash.tiled as tiled
 from course_lib.checks._ch08_backward import flash_backward
 from course_lib.checks._ch08_kernels import row_softmax, triton_inner_step
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import (
+    call,
+    expect_close,
+    expect_pair,
+    expect_shape,
+    fail,
+    generator,
+    to_tensor,
+)
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
@@ -23,19 +31,6 @@ __all__ = ["online_update", "causal_tiled", "causal_fraction", "measured_causal_
            "triton_inner_step", "row_softmax", "flash_backward", "hint"]
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
-
-
-def _generator(exercise: int, seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
-
-
-def _pair(result, name: str, what: str):
-    if result is None:
-        fail(f"{name} returned None: did you forget to `return` {what}?")
-    if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        length = f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""
-        fail(f"{name} should return a pair {what}; it returned {type(result).__name__}{length}.")
-    return result
 
 
 # ---------------------------------------------------------------- exercise 1
@@ -48,7 +43,7 @@ def _reference_update(m, l, tile):
 
 def _update_cases(seed: int, hidden: bool) -> list:
     """One case per tile of a row of scores, each starting from the exact running state."""
-    g = _generator(1, seed)
+    g = generator(1, seed)
     rows_of_scores = [torch.randn(3, 12, generator=g, dtype=torch.float64) * 2,
                       torch.randn(2, 10, generator=g, dtype=torch.float64) * 1e4]  # huge logits
     masked = torch.randn(3, 12, generator=g, dtype=torch.float64)
@@ -78,7 +73,7 @@ def _update_judge(cases: list, outcomes: list) -> str:
         rows = tile.shape[0]
         m_want, l_want = _reference_update(m, l, tile)
         l_norescale = l + torch.exp(tile - m_want[:, None]).sum(dim=1)
-        got = _pair(result, "online_update", "(m_new, l_new)")
+        got = expect_pair(result, "online_update", "(m_new, l_new)")
         m_got = to_tensor(got[0], "m_new", dtype=torch.float64)
         l_got = to_tensor(got[1], "l_new", dtype=torch.float64)
         expect_shape(m_got, (rows,), "m_new", "One running max per row: reduce over the tile's "
@@ -134,7 +129,7 @@ def _causal_reference(q, k, v):
 
 
 def _tiled_cases(seed: int, hidden: bool) -> list:
-    g = _generator(2, seed)
+    g = generator(2, seed)
     shapes = [(16, 8, 8, 8), (50, 16, 12, 8), (64, 8, 8, 16), (33, 4, 4, 32)]
     shapes += [(1, 4, 3, 8), (70, 8, 8, 64), (20, 8, 8, 64)] if hidden else []
     cases = [{"q": torch.randn(n, d, generator=g, dtype=torch.float64),
