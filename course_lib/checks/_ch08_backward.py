@@ -120,15 +120,4 @@ flash_backward = function_check(
     forbid=((F, "scaled_dot_product_attention"), (torch.autograd, "grad"),
             (torch.Tensor, "backward"), (torch.autograd, "backward"),
             (flash, "tiled_attention"), (flash, "flash_attention"), (tiled, "tiled_attention")),
-    hints=(
-        "The forward pass kept only the output and one log-sum-exp per query: from these, every "
-        "block of probabilities can be rebuilt exactly, so walk over blocks of keys and never "
-        "hold the whole grid.",
-        "For key block j: rebuild P_j from the scores and the log-sum-exp; dV_j comes from P_j "
-        "and dO; dP_j from dO and V_j; the softmax's backward needs one number per query row, "
-        "Δ = rowsum(dO ∘ O), computed once before the loop. dK_j is finished inside the "
-        "iteration; dQ collects a piece from every block.",
-        "c = 1/sqrt(d); Δ = (dO * O).sum(-1); per block j: P_j = exp(c Q K_jᵀ - lse[:, None]); "
-        "dV_j = P_jᵀ dO; dS_j = P_j * (dO V_jᵀ - Δ[:, None]); dK_j = c dS_jᵀ Q; dQ += c dS_j K_j.",
-    ),
 )

@@ -145,14 +145,6 @@ def _step_judge(cases: list, outcomes: list) -> str:
 triton_inner_step = function_check(
     "triton_inner_step", 5, run=_step_run,
     cases=_step_cases, judge=_step_judge,
-    hints=(
-        "Two running quantities are measured against the running max; when the max grows, ask "
-        "which of them the given step brings up to date and which it forgets.",
-        "Run the given step's kernel on keys whose scores grow from block to block: the output "
-        "leans towards the early blocks. Whatever l_i is multiplied by, acc needs too.",
-        "acc = acc · α[:, None] + tl.dot(p, v), with α = tl.exp(m_i - m_new), the factor "
-        "l_i already gets.",
-    ),
 )
 
 
@@ -231,17 +223,4 @@ row_softmax = function_check(
     cases=_softmax_cases, judge=_softmax_judge,
     forbid=((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
             (torch, "log_softmax"), (F, "log_softmax")),
-    hints=(
-        "One program per row: each finds where its row starts, loads a whole row as one block "
-        "(a block is a power of two, a row need not be), does the stable softmax there and "
-        "writes the row back.",
-        "tl.program_id(0) is the row; the row's addresses are its start plus tl.arange(0, BLOCK); "
-        "lanes past the row's end must be masked on load (with -inf, so they vanish in exp) and "
-        "on store. Launch with a grid of one program per row, BLOCK = "
-        "triton.next_power_of_2(n_cols).",
-        "row = tl.program_id(0); cols = tl.arange(0, BLOCK); mask = cols < n_cols; "
-        "x = tl.load(X + row * stride + cols, mask=mask, other=-float('inf')); "
-        "e = tl.exp(x - tl.max(x, 0)); tl.store(Y + row * stride + cols, e / tl.sum(e, 0), "
-        "mask=mask); kernel[(n_rows,)](x, y, x.stride(0), n_cols, BLOCK=...).",
-    ),
 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import difflib
+import functools
 import importlib
 import math
 import pkgutil
@@ -27,6 +28,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -149,26 +151,49 @@ class Check:
         return f"Check({self.id!r})"
 
 
+@functools.cache
+def chapter_hints(chapter: str) -> dict[str, tuple[str, ...]]:
+    """The hint tiers of a chapter's checks, as `hints/<chapter>.md` writes them: a `## name`
+    heading per check, a numbered item per tier, its continuation lines indented."""
+    found: dict[str, list[str]] = {}
+    tiers = None
+    text = (Path(__file__).parent / "hints" / f"{chapter}.md").read_text(encoding="utf-8")
+    for line in text.splitlines():
+        if line.startswith("## "):
+            tiers = found.setdefault(line[3:].strip(), [])
+        elif tiers is not None and re.match(r"\d+\. ", line):
+            tiers.append(line.split(". ", 1)[1].strip())
+        elif tiers and line.startswith("   ") and line.strip():
+            tiers[-1] += " " + line.strip()
+    return {name: tuple(tiers) for name, tiers in found.items()}
+
+
 def _declared(name: str, exercise: int, judge: Callable, grade: str | None,
-              hints: tuple[str, ...]) -> dict:
-    """What a chapter's check declares once, spelt out: its id, grade ids and last hint tier.
+              hints: tuple[str, ...] | None) -> dict:
+    """What a chapter's check declares once, spelt out: its id, grade ids and hint tiers.
 
     The chapter is the judge's module (`course_lib.checks.ch05` -> "ch05"; `_ch08_kernels` ->
-    "ch08"), and the last tier points to that module's SOLUTION notebook.
+    "ch08"); the hints are the check's section of `hints/<chapter>.md` unless given, and the last
+    tier points to that module's SOLUTION notebook.
     """
     module = sys.modules[judge.__module__]
     chapter = re.search(r"ch\d+", module.__name__.rsplit(".", 1)[-1]).group()
+    if hints is None:
+        hints = chapter_hints(chapter).get(name)
+        if not hints:
+            raise ValueError(f"course_lib/checks/hints/{chapter}.md has no section ## {name}")
     return {"id": f"{chapter}.{name}", "grade_ids": (f"{chapter}_{grade or name}_test",),
             "hints": (*hints, f"The worked answer is exercise {exercise} of {module.SOLUTION}.")}
 
 
 def function_check(name: str, exercise: int, *, cases: Callable[[int, bool], list],
-                   judge: Callable[[list, list], str], hints: tuple[str, ...],
+                   judge: Callable[[list, list], str], hints: tuple[str, ...] | None = None,
                    args: tuple[str, ...] | None = None, run: Callable[..., Any] | None = None,
                    grade: str | None = None, forbid: tuple = ()) -> Check:
     """A build or debug check: the learner writes the function `name`, the check calls it.
 
-    Declared once: `cases`, `judge` and the hint tiers up to the formula; the id
+    Declared once: `cases`, `judge`, and the hint tiers up to the formula in
+    `hints/<chapter>.md` (or `hints=`); the id
     (f"{chapter}.{name}"), the grade id (f"{chapter}_{grade or name}_test") and the last tier
     (exercise `exercise` of the solution notebook) follow. `run` defaults to calling the
     learner's function on the case's entries `args` in order (args=None: on the case itself).
@@ -190,7 +215,8 @@ def _the_value(value: Any, case: Any) -> Any:
 
 
 def value_check(name: str, exercise: int, *, judge: Callable[[list, list], str],
-                hints: tuple[str, ...], grade: str | None = None, forbid: tuple = ()) -> Check:
+                hints: tuple[str, ...] | None = None, grade: str | None = None,
+                forbid: tuple = ()) -> Check:
     """A predict or experiment check: the learner commits a value (a prediction, a measured
     number) and `judge` compares it with the grader's own run; nothing of the learner's is
     called. Declared like `function_check`."""

@@ -47,12 +47,6 @@ def _scores_judge(cases: list, outcomes: list) -> str:
 similarity_scores = function_check(
     "similarity_scores", 1, args=("query", "keys"), grade="scores",
     cases=_scores_cases, judge=_scores_judge,
-    hints=(
-        "Each score measures how well the query matches one key: one dot product per key.",
-        "keys holds one key per row, shape (n, d), and the query has shape (d,): a single "
-        "matrix-vector product gives all n dot products at once.",
-        "score_j = sum over m of keys[j, m] * query[m]; NumPy's @ computes it for every j.",
-    ),
 )
 
 
@@ -88,13 +82,6 @@ def _softmax_judge(cases: list, outcomes: list) -> str:
 softmax_weights = function_check(
     "softmax_weights", 2, args=("scores", "temperature"), grade="softmax",
     cases=_softmax_cases, judge=_softmax_judge,
-    hints=(
-        "Exponentials make the weights positive, a ratio makes them sum to 1, and shifting all "
-        "scores equally changes nothing.",
-        "Scale the scores by 1 / temperature first. Then subtract the largest scaled score, "
-        "exponentiate, and divide by the total.",
-        "w_j = exp(z_j - max(z)) / sum_l exp(z_l - max(z)) with z = scores / temperature.",
-    ),
 )
 
 
@@ -125,14 +112,6 @@ soft_lookup = function_check(
     "soft_lookup", 3, args=("query", "keys", "values", "temperature"),
     cases=_lookup_cases, judge=_lookup_judge,
     forbid=((lookup, "soft_lookup"),),
-    hints=(
-        "Reuse your two functions above, then blend the values: each counts as much as its "
-        "key's weight.",
-        "Compute the weights from the scores with your softmax_weights; the blended value is the "
-        "weighted sum of the rows of values (it works for numbers and for vectors).",
-        "value = sum_j w_j * values[j], where w = softmax(scores / temperature); return the pair "
-        "(value, w).",
-    ),
 )
 
 
@@ -167,13 +146,6 @@ def _gradient_judge(cases: list, outcomes: list) -> str:
 query_gradient = function_check(
     "query_gradient", 4, args=("query", "keys", "values", "temperature"), grade="gradient",
     cases=_gradient_cases, judge=_gradient_judge,
-    hints=(
-        "Let autograd do the calculus: track the query, compute the value with torch operations, "
-        "ask for the gradient.",
-        "The inputs are NumPy arrays: turn the query into a torch tensor with requires_grad=True, "
-        "the keys and values into tensors, use torch's softmax, then call backward() on the value.",
-        "After value.backward(), the query tensor's .grad holds d value / d query, shape (d,).",
-    ),
 )
 
 
@@ -212,14 +184,6 @@ def _temperature_judge(cases: list, outcomes: list) -> str:
 temperature_prediction = value_check(
     "temperature_prediction", 5, grade="temperature",
     judge=_temperature_judge,
-    hints=(
-        "Think about the two extremes of the temperature: what a softmax does to scores divided "
-        "by a tiny number, and to scores divided by a huge one.",
-        "Dividing by 0.01 multiplies every gap between scores by 100; dividing by 100 shrinks "
-        "every gap to almost nothing. Which key wins, and how do the weights look, in each case?",
-        "Cold: the weights become one-hot on the largest score, so the value is that key's "
-        "value. Hot: the weights become (nearly) 1/n each, so the value is (nearly) the mean.",
-    ),
 )
 
 
@@ -275,13 +239,4 @@ lookup_many = function_check(
     "lookup_many", 6, args=("queries", "keys", "values", "temperature"),
     cases=_many_cases, judge=_many_judge,
     forbid=((lookup, "soft_lookup"),),
-    hints=(
-        "Run the given function and ask what should sum to 1, and what does: one query's "
-        "weights, or one key's weights across the queries?",
-        "With m queries the scores form an (m, n) matrix, one row per query. Look at the axis "
-        "the normalising sum runs over, and at the shape of that sum when it divides the "
-        "matrix.",
-        "Sum over the keys' axis and keep it for broadcasting: e / e.sum(axis=1, keepdims=True) "
-        "(and take the row maxima the same way).",
-    ),
 )

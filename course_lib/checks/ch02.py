@@ -58,13 +58,6 @@ def _scores_judge(cases: list, outcomes: list) -> str:
 attention_scores = function_check(
     "attention_scores", 1, args=("q", "k"), grade="scores",
     cases=_scores_cases, judge=_scores_judge,
-    hints=(
-        "Every query meets every key: one scaled dot product per (query, key) pair, in one "
-        "matrix product that keeps the batch dims.",
-        "Multiply q (..., n_q, d_k) by k with its last two axes swapped, (..., d_k, n_k); that "
-        "gives (..., n_q, n_k). Then divide by the square root of d_k.",
-        "scores = q @ kᵀ / sqrt(d_k), where kᵀ swaps only the last two axes of k (dims -2, -1).",
-    ),
 )
 
 
@@ -111,13 +104,6 @@ softmax_rows = function_check(
     "softmax_rows", 2, grade="softmax",
     cases=_softmax_cases, judge=_softmax_judge,
     forbid=((attention, "softmax"), (torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax")),
-    hints=(
-        "Each row is one query's weights over the keys: positive, summing to 1, and safe from "
-        "overflow because a shift of the whole row cancels.",
-        "Work along the last axis only: subtract each row's own maximum, exponentiate, divide by "
-        "the row's total. Keep the reduced axis (keepdim) so the shapes broadcast.",
-        "w = exp(s - max_j s) / sum_j exp(s - max_j s), max and sum over dim=-1, keepdim=True.",
-    ),
 )
 
 
@@ -164,14 +150,6 @@ self_attention = function_check(
     "self_attention", 3, args=("x", "w_q", "w_k", "w_v"),
     cases=_attention_cases, judge=_attention_judge,
     forbid=((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention")),
-    hints=(
-        "Self-attention is the noticeboard: every token writes a query, a key and a value, then "
-        "reads a blend of everyone's values. Reuse your two functions above.",
-        "Three matrix products turn x into Q, K and V. Score the queries against the keys, turn "
-        "the scores into weights row by row, and blend the value rows with those weights.",
-        "q, k, v = x w_q, x w_k, x w_v; weights = softmax(q kᵀ / sqrt(d_k)); out = weights v; "
-        "return (out, weights).",
-    ),
 )
 
 
@@ -219,13 +197,6 @@ batched_attention = function_check(
     "batched_attention", 4, args=("x", "w_q", "w_k", "w_v"), grade="batched",
     cases=_batched_cases, judge=_batched_judge,
     forbid=((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention")),
-    hints=(
-        "Right shapes do not mean right numbers: compute one score by hand (one query, one key, "
-        "one example) and compare it with the function's.",
-        "Look at how K becomes (batch, d_k, n). Changing a tensor's shape and swapping two of "
-        "its axes are different operations: only one keeps each key's numbers together.",
-        "Replace the reshape by a swap of the last two axes: k.transpose(-2, -1).",
-    ),
 )
 
 
@@ -269,14 +240,6 @@ def _shuffle_judge(cases: list, outcomes: list) -> str:
 shuffle_prediction = value_check(
     "shuffle_prediction", 5, grade="shuffle",
     judge=_shuffle_judge,
-    hints=(
-        "Ask what a token's output depends on: its own query, and all the keys and values. "
-        "Which of those change when the tokens swap places?",
-        "Write out output i as a sum over j. Reordering the tokens reorders the terms of that sum "
-        "(a sum does not care about order) and moves which row is called i.",
-        "The outputs come out in the new order, each row unchanged: out(x[order]) equals "
-        "out(x)[order], so the answer is 'shuffled'.",
-    ),
 )
 
 
@@ -315,13 +278,4 @@ def _dilution_judge(cases: list, outcomes: list) -> str:
 dilution_experiment = value_check(
     "dilution_experiment", 6, grade="dilution",
     judge=_dilution_judge,
-    hints=(
-        "Measure it: many random queries, each scored against n random keys, and for each query "
-        "the share of its best key. Average those shares for each n.",
-        "For each n: draw 500 queries (500, 1, 16) and keys (500, n, 16) with torch.randn, "
-        "score them with your attention_scores, turn the rows into weights with softmax_rows, "
-        "take each row's largest weight, and average.",
-        "largest_weight[n] = softmax_rows(attention_scores(q, k)).amax(dim=-1).mean().item() "
-        "for q ~ (500, 1, 16), k ~ (500, n, 16).",
-    ),
 )

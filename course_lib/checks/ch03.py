@@ -62,13 +62,6 @@ def _predict_judge(cases: list, outcomes: list) -> str:
 predicted_variance = function_check(
     "predicted_variance", 1, args=("d_k", "scaled"), grade="predict",
     cases=_predict_cases, judge=_predict_judge,
-    hints=(
-        "Variances of independent terms add, and multiplying a quantity by c multiplies its "
-        "variance by c squared.",
-        "q·k is a sum of d_k products q_m k_m; each product of two independent unit-variance, "
-        "zero-mean numbers has variance 1.",
-        "Var(q·k) = d_k; Var(q·k / sqrt(d_k)) = d_k / d_k = 1.",
-    ),
 )
 
 
@@ -105,14 +98,6 @@ def _measured_judge(cases: list, outcomes: list) -> str:
 measured_variance = value_check(
     "measured_variance", 2, grade="measured",
     judge=_measured_judge,
-    hints=(
-        "Measure, do not derive: draw many random queries and keys, score every query against "
-        "every key, and report how spread out those scores are.",
-        "For each width, draw a (300, d_k) matrix of queries and one of keys from a standard "
-        "normal; one matrix product gives all 300 x 300 raw scores; take their variance.",
-        "measured_variance[d_k] = (Q @ K.T).var().item() with Q, K = torch.randn(300, d_k) "
-        "each (no 1/sqrt(d_k)).",
-    ),
 )
 
 
@@ -154,13 +139,6 @@ def _entropy_judge(cases: list, outcomes: list) -> str:
 entropy = function_check(
     "entropy", 3,
     cases=_entropy_cases, judge=_entropy_judge,
-    hints=(
-        "Entropy adds up -w log w over the keys of each row. A weight of exactly 0 contributes "
-        "nothing, which floating point does not know by itself.",
-        "Sum over the last axis only, one entropy per row, in nats (natural log). 0 · log 0 is "
-        "NaN in floating point: use a function that treats it as 0, or mask those entries.",
-        "H = -(w · log w).sum(dim=-1), with the w = 0 terms set to 0 (torch.xlogy does this).",
-    ),
 )
 
 
@@ -201,13 +179,6 @@ softmax_jacobian = function_check(
     "softmax_jacobian", 5, grade="jacobian",
     cases=_jacobian_cases, judge=_jacobian_judge,
     forbid=((torch.autograd.functional, "jacobian"),),
-    hints=(
-        "Differentiate p_i = exp(s_i) / Σ_l exp(s_l) by hand: s_j sits in the numerator only "
-        "when i = j, and in the denominator always.",
-        "The quotient rule gives ∂p_i/∂s_j = p_i (δ_ij - p_j): a diagonal part p_i on i = j and "
-        "a part -p_i p_j everywhere.",
-        "J = diag(p) - outer(p, p) with p = softmax(scores); shape (n, n).",
-    ),
 )
 
 
@@ -262,12 +233,4 @@ def _entropy_prediction_judge(cases: list, outcomes: list) -> str:
 entropy_prediction = value_check(
     "entropy_prediction", 4,
     judge=_entropy_prediction_judge,
-    hints=(
-        "Two facts decide it: how spread out the raw scores are at d_k = 256, and what a "
-        "softmax does when one score beats the others by a lot, or by a little.",
-        "Exercise 1 gives the scores' standard deviation, with and without the scale. Entropy "
-        "runs from 0 (all weight on one key) to log 6 (equal weights). Where does each case sit?",
-        "Unscaled the scores' spread is 16: nearly one-hot, entropy close to 0 (about 0.1). "
-        "Scaled the spread is 1: spread weights, about 1.5 nats (log 6 is 1.79).",
-    ),
 )

@@ -71,13 +71,6 @@ causal_mask = function_check(
     "causal_mask", 1, grade="causal",
     cases=_causal_cases, judge=_causal_judge,
     forbid=((masks, "causal_mask"),),
-    hints=(
-        "Query i may look at keys 0..i and never at a later one: the answer depends only on "
-        "comparing two positions.",
-        "Build the row index of every query and the column index of every key, and compare them "
-        "with broadcasting; the result should be a boolean (n, n) tensor.",
-        "mask[i, j] = (j <= i): True on and below the diagonal (a lower-triangular matrix).",
-    ),
 )
 
 
@@ -114,13 +107,6 @@ padding_mask = function_check(
     run=lambda fn, case: call(fn, list(case["lengths"]), case["n_keys"], name="padding_mask"),
     cases=_padding_cases, judge=_padding_judge,
     forbid=((masks, "padding_mask"),),
-    hints=(
-        "A key is real when its position comes before its sequence's length; everything after "
-        "that is padding that no query may read.",
-        "Compare every key position 0..n_keys-1 with every sequence's length by broadcasting, "
-        "which gives (batch, n_keys); then add a middle axis of size 1 for the queries.",
-        "mask[b, 0, j] = (j < lengths[b]), shape (batch, 1, n_keys).",
-    ),
 )
 
 
@@ -160,13 +146,6 @@ def _additive_judge(cases: list, outcomes: list) -> str:
 to_additive = function_check(
     "to_additive", 3, grade="additive",
     cases=_additive_cases, judge=_additive_judge,
-    hints=(
-        "An additive mask is added to the scores: it must leave allowed scores alone and push "
-        "blocked ones to where exp gives exactly zero.",
-        "Start from a float tensor of zeros shaped like the mask and put minus infinity where the "
-        "mask is False; multiplying by -inf would make 0 * -inf = NaN.",
-        "additive = 0.0 where mask else float('-inf'): a fill (or torch.where) on ~mask.",
-    ),
 )
 
 
@@ -221,14 +200,6 @@ masked_softmax = function_check(
     "masked_softmax", 4, args=("scores", "mask"),
     cases=_masked_softmax_cases, judge=_masked_softmax_judge,
     forbid=((attention, "softmax"), (attention, "scaled_dot_product_attention")),
-    hints=(
-        "Masked keys must get weight exactly 0, and a row with no allowed key has nothing to "
-        "normalise: it should come out as zeros, not NaN.",
-        "Block the masked scores with minus infinity before exponentiating. A fully masked row's "
-        "max is then -inf: subtract 0 there instead, and never divide by a zero total.",
-        "s = scores with -inf where ~mask; m = row max (0 where it is -inf); e = exp(s - m); "
-        "w = e / total, with total replaced by 1 where it is 0.",
-    ),
 )
 
 
@@ -295,14 +266,6 @@ causal_attention = function_check(
     cases=_causal_attention_cases, judge=_causal_attention_judge,
     forbid=((masks, "causal_mask"), (attention, "scaled_dot_product_attention"),
             (torch.nn.functional, "scaled_dot_product_attention")),
-    hints=(
-        "Run a leak test: change only one token's key and value and see which queries' outputs "
-        "move. A query that moves read something from its future.",
-        "The leak test points at the boundary between allowed and blocked keys. Write down, for "
-        "n = 4, which (query, key) pairs the given mask blocks and which it should block.",
-        "Block exactly the keys j > i: torch.triu(ones, diagonal=1) is the blocked set (or use "
-        "your causal_mask from exercise 1 and mask where it is False).",
-    ),
 )
 
 
@@ -348,12 +311,4 @@ def _soft_mask_judge(cases: list, outcomes: list) -> str:
 soft_mask_experiment = value_check(
     "soft_mask_experiment", 6, grade="soft_mask",
     judge=_soft_mask_judge,
-    hints=(
-        "Mask softly instead of with -inf: push the blocked scores down by a finite amount and "
-        "measure how much weight still lands on them.",
-        "For each penalty, subtract it from the blocked scores only (keys after the query), take "
-        "the softmax of each row, and add up the weights on the blocked keys; average the 8 rows.",
-        "leaked[m] = (softmax(scores - m * blocked) * blocked).sum(-1).mean() with blocked = "
-        "triu(ones(8, 8, bool), diagonal=1).",
-    ),
 )

@@ -81,14 +81,6 @@ split_heads = function_check(
     "split_heads", 1, args=("x", "num_heads"),
     cases=_split_cases, judge=_split_judge,
     forbid=((multihead, "split_heads"),),
-    hints=(
-        "Each head gets its own slice of every position's features; the positions themselves "
-        "must not be cut up or mixed.",
-        "First cut the last axis of (batch, n, d) into (heads, d_head) without moving any "
-        "number, then swap the position and head axes.",
-        "x viewed as (batch, n, heads, d_head), then transposed on axes 1 and 2 -> "
-        "(batch, heads, n, d_head). A reshape straight to that shape mixes positions.",
-    ),
 )
 
 
@@ -122,15 +114,6 @@ merge_heads = function_check(
     "merge_heads", 2,
     cases=_merge_cases, judge=_merge_judge,
     forbid=((multihead, "merge_heads"),),
-    hints=(
-        "The given version returns the right shape with the wrong numbers: a round trip "
-        "through split_heads shows it. Undo the split in reverse order.",
-        "Bring the positions back in front of the heads, then glue each position's head slices "
-        "together along the features. The swapped tensor is not contiguous, so a plain view "
-        "will refuse it.",
-        "x transposed on axes 1 and 2 -> (batch, n, heads, d_head), then reshaped to "
-        "(batch, n, heads * d_head).",
-    ),
 )
 
 
@@ -195,14 +178,6 @@ multi_head_attention = function_check(
     args=("x", "w_q", "w_k", "w_v", "w_o", "num_heads", "mask"),
     cases=_mha_cases, judge=_mha_judge,
     forbid=((multihead.MultiHeadAttention, "forward"), (F, "multi_head_attention_forward")),
-    hints=(
-        "Multi-head attention is one attention per head on that head's own slice of the "
-        "projections, glued back together and mixed by one last matrix.",
-        "Project x three times, split each projection into heads, attend within every head "
-        "(scaled by the HEAD width, with the mask), merge the heads, and apply w_o.",
-        "q, k, v = split(x w_q), split(x w_k), split(x w_v); heads, weights = attention(q, k, v, "
-        "mask) with scale 1/sqrt(d_head); out = merge(heads) w_o.",
-    ),
 )
 
 
@@ -250,14 +225,6 @@ def _flop_judge(cases: list, outcomes: list) -> str:
 flop_growth = value_check(
     "flop_growth", 4,
     judge=_flop_judge,
-    hints=(
-        "Split the cost into the part that does not care about heads (the projections) and the "
-        "part that happens once per head (scores and blend), and ask how each one grows.",
-        "Projections: four (d_model x d_model) products per token, 2 n d_model^2 FLOPs each. "
-        "Scores and blend: 2 n^2 d_head each, per head.",
-        "total(h) = 8 n (h d_head)^2 + 4 h n^2 d_head; divide total(4) by total(1) at n = 64, "
-        "d_head = 16.",
-    ),
 )
 
 
@@ -314,12 +281,4 @@ def _prev_judge(cases: list, outcomes: list) -> str:
 previous_token_score = function_check(
     "previous_token_score", 5, args=("weights",), grade="prev_score",
     cases=_prev_cases, judge=_prev_judge,
-    hints=(
-        "A previous-token head puts its weight one step to the left of the diagonal: read those "
-        "entries and average them per head.",
-        "The entries weights[..., i, i-1] form the diagonal just below the main one (query 0 "
-        "has none). Average them over the batch and the queries, keeping the head axis.",
-        "torch.diagonal with offset=-1 over the last two axes gives (batch, heads, n-1); its "
-        "mean over dims 0 and 2 is the score.",
-    ),
 )

@@ -90,13 +90,6 @@ rnn_step = function_check(
     "rnn_step", 1, args=("x_t", "h", "W_xh", "W_hh", "b"),
     cases=_step_cases, judge=_step_judge,
     forbid=((recurrent, "rnn_step"), (nn.RNNCell, "forward")),
-    hints=(
-        "The new summary mixes two things, the current token and the old summary, each through "
-        "its own weights, and squashes the result so it stays bounded.",
-        "Map the token with W_xh and the old summary with W_hh (both are stored (d_hidden, in), "
-        "so use their transposes on row vectors), add the bias, apply tanh.",
-        "h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), shape (batch, d_hidden).",
-    ),
 )
 
 
@@ -146,15 +139,6 @@ run_rnn = function_check(
     "run_rnn", 2, args=("x", "W_xh", "W_hh", "b"),
     cases=_run_cases, judge=_run_judge,
     forbid=((recurrent.RunningSummaryRNN, "forward"), (nn.RNN, "forward")),
-    hints=(
-        "Print the given loop's outputs for a sequence whose tokens are all the same: a "
-        "running summary should change as it reads them; ask what each step is given as the "
-        "summary so far.",
-        "Start from a zero summary of shape (batch, d_hidden), call your rnn_step once per "
-        "position, keep every summary, and stack them along the position axis.",
-        "h = zeros; for t in range(n): h = rnn_step(x[:, t], h, ...); outputs = stack of the h's "
-        "on dim=1; return (outputs, h).",
-    ),
 )
 
 
@@ -222,15 +206,6 @@ gradient_vs_distance = function_check(
     run=lambda fn, case: call(fn, _model(case), case["x"], name="gradient_vs_distance"),
     cases=_gradient_cases, judge=_gradient_judge,
     forbid=((recurrent, "gradient_vs_distance"),),
-    hints=(
-        "Ask autograd how much the LAST output moves when you nudge input position j, for every "
-        "j; the size of that sensitivity is one norm per position.",
-        "The last output f(x)[0, -1] is a vector, so its derivative with respect to x is a whole "
-        "Jacobian. Compute it (one backward pass per output coordinate, or autograd's jacobian "
-        "helper) and reduce it to one number per position.",
-        "J = jacobian of f(x)[0, -1] w.r.t. x, shape (d_out, 1, n, d); g[j] = sqrt of the sum of "
-        "J² over every axis except the position axis.",
-    ),
 )
 
 
@@ -267,13 +242,6 @@ def _memory_judge(cases: list, outcomes: list) -> str:
 memory_numbers = function_check(
     "memory_numbers", 4, args=("n", "d", "num_layers"), grade="memory",
     cases=_memory_cases, judge=_memory_judge,
-    hints=(
-        "Count what each model must keep to produce the next output: the RNN only its summary, "
-        "attention everything it may look back at.",
-        "The RNN keeps one state vector per layer, whatever n is. Attention keeps, for every "
-        "earlier position and every layer, the key and the value it will be compared against.",
-        "RNN: d · num_layers numbers; attention: 2 · n · d · num_layers (keys and values).",
-    ),
 )
 
 
@@ -304,13 +272,6 @@ def _book_judge(cases: list, outcomes: list) -> str:
 predicted_ratio = value_check(
     "predicted_ratio", 5,
     judge=_book_judge,
-    hints=(
-        "Count what each model must keep per layer to write the next token, and notice which "
-        "of the three sizes (tokens, width, layers) appears on only one side.",
-        "Per layer: the RNN keeps its summary; attention keeps one key and one value per token "
-        "read so far, each as wide as the model.",
-        "ratio = (2 · n · d · layers) / (d · layers) = 2n, with n = 100,000.",
-    ),
 )
 
 
@@ -352,11 +313,4 @@ def _far_judge(cases: list, outcomes: list) -> str:
 rnn_far = value_check(
     "rnn_far", 6,
     judge=_far_judge,
-    hints=(
-        "Your gradient_vs_distance already measures how hard each input pulls on the last "
-        "output; compare the pull of the very first input with that of the last one.",
-        "The RNN returns (outputs, h_last); the function to measure maps x to the outputs. "
-        "g[0] is the first position, g[-1] the last.",
-        "g = gradient_vs_distance(lambda t: rnn(t)[0], x); rnn_far = (g[0] / g[-1]).item()",
-    ),
 )

@@ -66,14 +66,6 @@ def _blind_judge(cases: list, outcomes: list) -> str:
 causal_is_blind = value_check(
     "causal_is_blind", 1, grade="causal_blind",
     judge=_blind_judge,
-    hints=(
-        "The permutation argument of section 1 assumed every query sees every key. Does that "
-        "still hold once a mask decides who sees whom?",
-        "Follow one token: at position 0 under a causal mask it sees only itself; moved to "
-        "position 5 it sees five others too. Is its output the same?",
-        "Not blind: the set of keys each query sees depends on its position, so shuffled "
-        "inputs give more than shuffled outputs (causal_is_blind = False).",
-    ),
 )
 
 
@@ -96,15 +88,6 @@ def _gap_judge(cases: list, outcomes: list) -> str:
 causal_gap = value_check(
     "causal_gap", 2,
     judge=_gap_judge,
-    hints=(
-        "Equivariance means 'shuffle in, the same shuffle out': compare the output for the "
-        "shuffled input with the shuffled output for the original input.",
-        "Run causal self-attention (q = k = v) once on x and once on x with its positions "
-        "reordered by perm; reorder the first result by perm as well; the largest absolute "
-        "difference is the gap.",
-        "out = attn(x, x, x, causal mask); out_s = attn(xs, xs, xs, causal mask) with "
-        "xs = x[:, perm]; causal_gap = (out_s - out[:, perm]).abs().max().item().",
-    ),
 )
 
 
@@ -170,16 +153,6 @@ apply_rope = function_check(
     "apply_rope", 3, args=("x", "positions"), grade="rope",
     cases=_rope_cases, judge=_rope_judge,
     forbid=((position, "apply_rope"),),
-    hints=(
-        "The given RoPE passes the relative-position test, so test it where the answer is "
-        "known without any algebra: at position 0 every angle is 0.",
-        "Pair i is (x[..., 2i], x[..., 2i+1]); at position p it turns by p · 10000^(-2i/d). "
-        "Rotate every pair of every row with the 2-D rotation formula, then put the pairs back "
-        "in place.",
-        "even' = even · cos θ - odd · sin θ, odd' = even · sin θ + odd · cos θ, with θ of shape "
-        "(n, d/2); interleave even' and odd' back into (..., n, d): stack them on a new last "
-        "axis and flatten it, rather than concatenating.",
-    ),
 )
 
 
@@ -249,15 +222,6 @@ def _cached_judge(cases: list, outcomes: list) -> str:
 cached_attention_step = function_check(
     "cached_attention_step", 4, run=_cached_run, grade="cached_step",
     cases=_cached_cases, judge=_cached_judge,
-    hints=(
-        "When generating, only the newest token is new: keep every earlier key and value, add "
-        "the new ones, and let the one new query attend over all of them.",
-        "Append k_new and v_new to their caches along the token axis (old first). Score q_new "
-        "against every cached key, scaled by sqrt(d), softmax, and blend the cached values. No "
-        "mask: nothing in the cache lies in the future.",
-        "k_cache = cat([k_cache, k_new], dim=-2) (same for v); out = softmax(q_new k_cacheᵀ / "
-        "sqrt(d)) v_cache; return (out, k_cache, v_cache).",
-    ),
 )
 
 
@@ -304,11 +268,4 @@ def _bytes_judge(cases: list, outcomes: list) -> str:
 kv_cache_bytes = function_check(
     "kv_cache_bytes", 5, args=_BYTES_ARGS, grade="cache_bytes",
     cases=_bytes_cases, judge=_bytes_judge,
-    hints=(
-        "Count what the cache stores: for every layer, a key tensor and a value tensor covering "
-        "every sequence of the batch, every head and every token so far.",
-        "One cached tensor holds batch x heads x n x d_head numbers; there are two of them (K "
-        "and V) in each layer, and each number takes bytes_per_element bytes.",
-        "bytes = 2 · num_layers · batch · num_heads · n · d_head · bytes_per_element.",
-    ),
 )

@@ -104,18 +104,6 @@ def _update_judge(cases: list, outcomes: list) -> str:
 online_update = function_check(
     "online_update", 1, args=("m", "l", "tile"),
     cases=_update_cases, judge=_update_judge,
-    hints=(
-        "The running sum is kept relative to the running max, so growing the max means "
-        "re-expressing the old sum; and remember chapter 04: a row may have seen nothing but "
-        "masked scores so far.",
-        "First take the new max over the old max and this tile's row max. Scale the old sum by "
-        "the exponential of (old max - new max), then add the tile's exponentials taken "
-        "relative to the new max.",
-        "A row with m_new = -inf has seen only masked scores: exp(-inf - (-inf)) is NaN, so "
-        "subtract a finite stand-in there (0 does: every term is exp(-inf) = 0).",
-        "m_new = max(m, rowmax(tile)); safe = where(m_new == -inf, 0, m_new); "
-        "l_new = l · exp(m - safe) + Σ_j exp(tile_j - safe).",
-    ),
 )
 
 
@@ -206,15 +194,6 @@ causal_tiled = function_check(
     cases=_tiled_cases, judge=_tiled_judge,
     forbid=((F, "scaled_dot_product_attention"), (flash, "tiled_attention"),
             (flash, "naive_attention"), (tiled, "tiled_attention"), (tiled, "naive_attention")),
-    hints=(
-        "With a causal mask, whole tiles of the score grid lie in the future of every query in "
-        "their block: never compute those, and mask only the tile the diagonal cuts through.",
-        "For a query block starting at i, the key blocks starting at j <= i + block - 1 hold "
-        "something it may see; of those, only blocks reaching past i need a mask (key > query "
-        "-> -inf). Every row sees at least its own key, so no row is ever fully masked.",
-        "for j in range(0, i + len(q_blk), block): s = q_blk k_jᵀ / sqrt(d); where key index "
-        "> query index: s = -inf; then the online update of m, l, acc as in chapter 08.",
-    ),
 )
 
 
@@ -263,14 +242,6 @@ def _fraction_judge(cases: list, outcomes: list) -> str:
 causal_fraction = value_check(
     "causal_fraction", 3,
     judge=_fraction_judge,
-    hints=(
-        "Draw the grid of tiles and shade the ones a causal query block must still compute: "
-        "the mask works inside a tile, skipping works on whole tiles.",
-        f"At n = {FRACTION_N} and block {FRACTION_BLOCK} there are 8 x 8 tiles. Count the "
-        "tiles strictly above the diagonal (skipped) and the diagonal ones (computed whole).",
-        "fraction = (tiles below the diagonal + diagonal tiles) / all tiles = T (T + 1) / 2 / T^2 "
-        "with T = n / block.",
-    ),
 )
 
 
@@ -298,12 +269,4 @@ def _measured_judge(cases: list, outcomes: list) -> str:
 measured_causal_fraction = value_check(
     "measured_causal_fraction", 4, grade="measured_fraction",
     judge=_measured_judge,
-    hints=(
-        "Let PyTorch count for you: run the course's tiled attention once with the causal mask "
-        "and once without, inside a FLOP counter, and compare the two totals.",
-        "torch.utils.flop_counter.FlopCounterMode(display=False) is a context manager; "
-        "get_total_flops() after the block gives the count. Use course_lib.flash.tiled_attention.",
-        "with FlopCounterMode(display=False) as c: tiled_attention(q, k, v, causal=True, "
-        "block_size=128); the same with causal=False; divide the first total by the second.",
-    ),
 )

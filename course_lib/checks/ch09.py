@@ -73,15 +73,6 @@ grouped_query_attention = function_check(
     "grouped_query_attention", 1, run=_gqa_run, grade="gqa",
     cases=_gqa_cases, judge=_gqa_judge,
     forbid=((attention, "grouped_query_attention"), (F, "scaled_dot_product_attention")),
-    hints=(
-        "Each group of h/g consecutive query heads shares one key/value head: give every query "
-        "head its group's K and V, then it is ordinary attention per head.",
-        "Either copy K and V along the head axis so that there are h of them (each copied h/g "
-        "times in a row), or split the query heads into (g, h/g) and let K and V broadcast "
-        "over the second axis.",
-        "k_full = k.repeat_interleave(h // g, dim=1); then softmax(q k_fullᵀ / √d) v_full "
-        "(chapter 02's scaled_dot_product_attention does the last step).",
-    ),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -134,14 +125,6 @@ linear_recurrence = function_check(
     "linear_recurrence", 2, run=_recurrence_run, grade="recurrence",
     cases=_recurrence_cases, judge=_recurrence_judge,
     forbid=((linear, "linear_attention"), (linear, "linear_attention_recurrent")),
-    hints=(
-        "Look at the first output row, then at which tokens output i has seen: under a causal "
-        "mask, may a token attend to itself?",
-        "The state must include token i before token i's output is read: the order of the "
-        "lines inside the loop matters.",
-        "Inside the loop: first S = S + φ(k_i) v_iᵀ and z = z + φ(k_i), then "
-        "out_i = φ(q_i) S / (φ(q_i)·z).",
-    ),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -178,13 +161,6 @@ def _predict_judge(cases: list, outcomes: list) -> str:
 predicted_crossover = value_check(
     "predicted_crossover", 3, grade="predict",
     judge=_predict_judge,
-    hints=(
-        "Count both sides in multiply-adds: what grows like n·d² and what grows like n²·d?",
-        "The rest of the layer is four d x d projections and an MLP d -> 4d -> d; the "
-        "quadratic part is two products over the (n, n) grid.",
-        "2·n²·d (scores) + 2·n²·d (blend) = 8·n·d² (projections) + 16·n·d² (MLP): solve "
-        "for n.",
-    ),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -226,12 +202,4 @@ def _reach_judge(cases: list, outcomes: list) -> str:
 window_reach = function_check(
     "window_reach", 4, run=lambda reach, beyond, case: (reach, beyond), grade="experiment",
     cases=lambda seed, hidden: [None], judge=_reach_judge,
-    hints=(
-        "Train, then read the accuracy at each distance k from accuracy_by_distance: the reach "
-        "is where it stops being near 1.",
-        "reach: the largest k such that every distance 1..k has accuracy >= 0.9; beyond: the "
-        "mean accuracy over the distances k >= WINDOW.",
-        "acc = accuracy_by_distance(model, tokens, targets, VOCAB); walk k = 1, 2, ... while "
-        "acc[k] >= 0.9; beyond = mean of acc[k] for k >= WINDOW.",
-    ),
 )

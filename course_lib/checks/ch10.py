@@ -147,15 +147,6 @@ transformer_block = function_check(
     forbid=((block_module, "TransformerBlock"), (multihead, "MultiHeadAttention"),
             (nn, "TransformerEncoderLayer"), (nn, "MultiheadAttention"),
             (F, "multi_head_attention_forward")),
-    hints=(
-        "Two sub-layers, each reading a normalised copy of the stream and adding its answer "
-        "back to the stream itself.",
-        "Sub-layer 1: LayerNorm with ln1's weight and bias, then multi-head attention with the "
-        "four attn projections (split into heads, scale by √d_head, mask, softmax, merge). "
-        "Sub-layer 2: LayerNorm with ln2's, then Linear (mlp.0), GELU, Linear (mlp.2).",
-        "x = x + W_O·attention(ln1(x)) + b_O; then x = x + mlp(ln2(x)); F.layer_norm, F.linear "
-        "and F.gelu do the pieces, split_heads/merge_heads reshape the heads.",
-    ),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -209,13 +200,6 @@ def _ablate_judge(cases: list, outcomes: list) -> str:
 ablate_head = function_check(
     "ablate_head", 2, run=_ablate_run, grade="ablate",
     cases=_ablate_cases, judge=_ablate_judge,
-    hints=(
-        "The output projection reads the heads' outputs laid side by side: which entries of "
-        "W_O does one head's output ever multiply?",
-        "W_O has shape (d_model, d_model); its input is the heads side by side, so head h owns "
-        "a block of d_head consecutive input positions.",
-        "w[:, head * d_head:(head + 1) * d_head] = 0 on a clone, not w[head * d_head:..., :].",
-    ),
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -288,13 +272,6 @@ def _one_layer_judge(cases: list, outcomes: list) -> str:
 one_layer_accuracy = value_check(
     "one_layer_accuracy", 3, grade="predict",
     judge=_one_layer_judge,
-    hints=(
-        "Think about what a key in a one-layer model can know about the position it sits at.",
-        "The answer B stands after the earlier A. For a query 'I am A' to find it, B's key "
-        "would have to encode 'the token before me was A'. Can it, with no earlier layer?",
-        "It cannot: the model can only guess among tokens it has seen. Expect far below 0.5, "
-        "but above 1/32.",
-    ),
 )
 
 
@@ -330,13 +307,4 @@ def _ablated_judge(cases: list, outcomes: list) -> str:
 ablated_accuracy = function_check(
     "ablated_accuracy", 4, run=lambda heads, accuracy, case: (heads, accuracy), grade="ablation",
     cases=lambda seed, hidden: [None], judge=_ablated_judge,
-    hints=(
-        "First find which heads of the FIRST layer look at the previous token, then switch "
-        "them off together and measure again.",
-        "head_scores(model, tokens)['previous'] has one row per layer: take the heads of row "
-        "0 scoring above 0.5; ablate_head(model, 0, heads) switches them off inside a "
-        "`with` block.",
-        "with ablate_head(model, 0, previous_heads): accuracy = evaluate(model, tokens, "
-        "targets)",
-    ),
 )
