@@ -7,6 +7,7 @@ import os
 import platform
 import random
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -98,5 +99,27 @@ def environment_report() -> dict[str, str]:
         "triton": version("triton"),
         "gpu": gpu,
         "triton status": triton_status(),
-        "interpreter": sys.executable,
+        "cpu capability": _cpu_capability(),
+        "environment": _environment(),
     }
+
+
+def _cpu_capability() -> str:
+    """The vector instructions torch's own kernels use here (AVX512, AVX2, DEFAULT, ...): they
+    decide the order in which sums are added, so the last digits of a result depend on them."""
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # an older torch
+        return "unknown"
+
+
+def _environment() -> str:
+    """Which Python runs the notebook, without printing a path of this machine."""
+    prefix = Path(sys.prefix).resolve()
+    if prefix == Path(__file__).resolve().parents[1] / ".venv":
+        return "the course's .venv (made by `make lab` or `make test`)"
+    if os.environ.get("CONDA_DEFAULT_ENV"):
+        return f"conda environment {os.environ['CONDA_DEFAULT_ENV']!r}"
+    if sys.prefix != sys.base_prefix:
+        return f"a virtual environment named {prefix.name!r}"
+    return "the system's Python (no virtual environment)"

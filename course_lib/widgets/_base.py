@@ -69,6 +69,14 @@ class Explorer:
             self.redraw()
 
     def show(self) -> None:
-        """Display the controls, then the figure (static in the saved notebook, live in the lab)."""
-        display(widgets.HBox(list(self.controls.values())))
+        """Display the controls, then the figure (static in the saved notebook, live in the lab).
+
+        Where widgets cannot render (a saved notebook on a web page, a terminal), the controls'
+        plain-text form is a sentence about them instead of the widget's repr
+        (`HBox(children=(IntSlider(...`), which would only be noise above the figure.
+        """
+        bundle = widgets.HBox(list(self.controls.values()))._repr_mimebundle_()
+        bundle["text/plain"] = ("[controls: " + ", ".join(self.controls)
+                                + " (move them in JupyterLab to redraw the figure)]")
+        display(bundle, raw=True)
         self._handle = display(self.image(), display_id=True)
