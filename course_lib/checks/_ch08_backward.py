@@ -10,15 +10,8 @@ import torch.nn.functional as F
 
 import course_lib.flash as flash
 import course_lib.flash.tiled as tiled
-from course_lib.checks._core import (
-    call,
-    expect_close,
-    expect_pair,
-    expect_shape,
-    fail,
-    generator,
-    to_tensor,
-)
+from course_lib.checks._cases import generator
+from course_lib.checks._core import call, expect_close, expect_pair, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"

@@ -85,16 +85,6 @@ def to_tensor(value: Any, what: str, *, dtype: torch.dtype | None = None) -> tor
     return t.to(dtype) if dtype is not None else t
 
 
-def generator(exercise: int, seed: int) -> torch.Generator:
-    """The random stream of one exercise's cases: a fresh one for every (exercise, seed)."""
-    return torch.Generator().manual_seed((seed * 1009 + exercise) % 2**63)
-
-
-def randn(g: torch.Generator, *shape, scale: float = 1.0) -> torch.Tensor:
-    """Standard normal float64 numbers (times `scale`) from the case generator g."""
-    return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
-
-
 def expect_pair(result: Any, name: str, parts: str, n: int = 2) -> Any:
     """The learner's tuple of `n` results (a pair by default), or feedback naming its `parts`."""
     kind = {2: "pair", 3: "triple"}.get(n, f"tuple of {n}")

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import course_lib.attention as attention
 from course_lib.attention import scaled_dot_product_attention as _reference_attention
 from course_lib.attention import softmax as _reference_softmax
-from course_lib.checks._core import expect_close, expect_pair, fail, generator, randn, to_tensor
+from course_lib.checks._cases import generator, randn
+from course_lib.checks._core import expect_close, expect_pair, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_choice, read_numbers
 

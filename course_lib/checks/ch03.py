@@ -9,7 +9,8 @@ import math
 import torch
 
 from course_lib.attention import softmax as _softmax
-from course_lib.checks._core import expect_close, expect_shape, fail, generator, to_tensor
+from course_lib.checks._cases import generator
+from course_lib.checks._core import expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_numbers
 

@@ -10,15 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import course_lib.multihead as multihead
-from course_lib.checks._core import (
-    expect_close,
-    expect_pair,
-    expect_shape,
-    fail,
-    generator,
-    randn,
-    to_tensor,
-)
+from course_lib.checks._cases import generator, randn
+from course_lib.checks._core import expect_close, expect_pair, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 

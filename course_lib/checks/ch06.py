@@ -11,16 +11,8 @@ import torch
 import torch.nn as nn
 
 import course_lib.recurrent as recurrent
-from course_lib.checks._core import (
-    call,
-    expect_close,
-    expect_pair,
-    expect_shape,
-    fail,
-    generator,
-    randn,
-    to_tensor,
-)
+from course_lib.checks._cases import generator, randn
+from course_lib.checks._core import call, expect_close, expect_pair, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 

@@ -10,7 +10,8 @@ import torch
 
 import course_lib.position as position
 from course_lib.attention import scaled_dot_product_attention as _sdpa
-from course_lib.checks._core import call, expect_close, expect_shape, fail, generator, to_tensor
+from course_lib.checks._cases import generator
+from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_bool, read_number
 from course_lib.position import apply_rope as _rope

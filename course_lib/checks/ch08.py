@@ -13,17 +13,10 @@ import torch.nn.functional as F
 
 import course_lib.flash as flash
 import course_lib.flash.tiled as tiled
+from course_lib.checks._cases import generator
 from course_lib.checks._ch08_backward import flash_backward
 from course_lib.checks._ch08_kernels import row_softmax, triton_inner_step
-from course_lib.checks._core import (
-    call,
-    expect_close,
-    expect_pair,
-    expect_shape,
-    fail,
-    generator,
-    to_tensor,
-)
+from course_lib.checks._core import call, expect_close, expect_pair, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
