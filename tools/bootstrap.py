@@ -74,15 +74,24 @@ def lab(args: list[str]) -> None:
     run(BIN / "jupyter", "lab", "--notebook-dir", ROOT, "notebooks/00_start_here.ipynb", *args)
 
 
+# The numeric setting the tests run under: not the one the notebooks were written with. Authors
+# execute notebooks with their machine's own vector instructions (AVX-512, AVX2, NEON, ...) and
+# thread count; the tests use torch's plain, unvectorised kernels and one thread, which add up sums
+# in another order. A committed output whose digits depend on the CPU then fails on the author's
+# own machine, before it fails on a learner's. Set either variable yourself to test another one.
+SECOND_NUMERIC_SETTING = {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}
+
+
 def test(args: list[str]) -> None:
     setup()
-    env = dict(os.environ, PYTHONHASHSEED="0")
+    env = {**SECOND_NUMERIC_SETTING, **os.environ, "PYTHONHASHSEED": "0"}
     env.pop("MPLBACKEND", None)  # notebooks need the inline backend to emit their figures
     say("checking that exercises/ matches solutions/")
     run(BIN / "course", "build-exercises", "--check", env=env)
     say("linting the Python code (ruff, configured in pyproject.toml)")
     run(BIN / "ruff", "check", ".", env=env)
-    say("running the test suite: unit tests, notebooks (nbval), exercises, grader")
+    setting = ", ".join(f"{k}={env[k]}" for k in SECOND_NUMERIC_SETTING)
+    say(f"running the test suite: unit tests, notebooks (nbval), exercises, grader ({setting})")
     workers = "2" if (os.cpu_count() or 1) >= 2 else "0"
     run(PY, "-m", "pytest", "-n", workers, "--dist", "loadfile",
         "tests", "notebooks", "solutions",
