@@ -76,7 +76,7 @@ class Explorer:
         (`HBox(children=(IntSlider(...`), which would only be noise above the figure.
         """
         bundle = widgets.HBox(list(self.controls.values()))._repr_mimebundle_()
-        bundle["text/plain"] = ("[controls: " + ", ".join(self.controls)
-                                + " (move them in JupyterLab to redraw the figure)]")
+        names = ", ".join(self.controls)
+        bundle["text/plain"] = f"[explorer controls: {names}; live in JupyterLab]"
         display(bundle, raw=True)
         self._handle = display(self.image(), display_id=True)
