@@ -63,7 +63,11 @@ def _no_delta(case) -> tuple:
     return c * ds @ k, c * ds.T @ q
 
 
-def _judge(cases: list, outcomes: list) -> str:
+@function_check(7, run=_run, cases=_cases,
+                forbid=((F, "scaled_dot_product_attention"), (torch.autograd, "grad"),
+            (torch.Tensor, "backward"), (torch.autograd, "backward"),
+            (flash, "tiled_attention"), (flash, "flash_attention"), (tiled, "tiled_attention")))
+def flash_backward(cases: list, outcomes: list) -> str:
     peak = None
     for case, got in each(cases, outcomes):
         if case["measure"]:
@@ -106,11 +110,3 @@ def _judge(cases: list, outcomes: list) -> str:
             f"peak ({peak / 2**20:.2f} MiB at n = {MEMORY_N}) stays below the "
             f"{grid / 2**20:.0f} MiB grid.")
 
-
-flash_backward = function_check(
-    "flash_backward", 7, run=_run,
-    cases=_cases, judge=_judge,
-    forbid=((F, "scaled_dot_product_attention"), (torch.autograd, "grad"),
-            (torch.Tensor, "backward"), (torch.autograd, "backward"),
-            (flash, "tiled_attention"), (flash, "flash_attention"), (tiled, "tiled_attention")),
-)

@@ -118,7 +118,8 @@ def _forgot_acc_rescale(q, k, v, block: int = 16) -> torch.Tensor:
     return (acc / l[:, None]).float()
 
 
-def _step_judge(cases: list, outcomes: list) -> str:
+@function_check(5, run=_step_run, cases=_step_cases)
+def triton_inner_step(cases: list, outcomes: list) -> str:
     for case, out in each(cases, outcomes):
         if isinstance(out, str) and out == NO_TRITON:
             if flash.triton_available():
@@ -141,12 +142,6 @@ def _step_judge(cases: list, outcomes: list) -> str:
                           "scores seen so far, and acc the matching weighted sum of values.")
     return ("triton_inner_step: the kernel built on your step matches SDPA, large scores included "
             "(acc and l_i are rescaled together).")
-
-
-triton_inner_step = function_check(
-    "triton_inner_step", 5, run=_step_run,
-    cases=_step_cases, judge=_step_judge,
-)
 
 
 # ------------------------------------------------------------- the row softmax (build)
@@ -183,7 +178,10 @@ def _softmax_run(kernel, fn, x):
     return {"out": out, "launches": len(launches)}
 
 
-def _softmax_judge(cases: list, outcomes: list) -> str:
+@function_check(6, run=_softmax_run, cases=_softmax_cases,
+                forbid=((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
+            (torch, "log_softmax"), (F, "log_softmax")))
+def row_softmax(cases: list, outcomes: list) -> str:
     for x, got in each(cases, outcomes):
         if isinstance(got, str) and got == NO_TRITON:
             if flash.triton_available():
@@ -218,10 +216,3 @@ def _softmax_judge(cases: list, outcomes: list) -> str:
     return ("row_softmax: one program per row, masked loads and stores, stable for huge scores: "
             "equal to torch.softmax through Triton's interpreter.")
 
-
-row_softmax = function_check(
-    "row_softmax", 6, run=_softmax_run,
-    cases=_softmax_cases, judge=_softmax_judge,
-    forbid=((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
-            (torch, "log_softmax"), (F, "log_softmax")),
-)

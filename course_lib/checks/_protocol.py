@@ -186,24 +186,34 @@ def _declared(name: str, exercise: int, judge: Callable, grade: str | None,
             "hints": (*hints, f"The worked answer is exercise {exercise} of {module.SOLUTION}.")}
 
 
-def function_check(name: str, exercise: int, *, cases: Callable[[int, bool], list],
-                   judge: Callable[[list, list], str], hints: tuple[str, ...] | None = None,
-                   args: tuple[str, ...] | None = None, run: Callable[..., Any] | None = None,
-                   grade: str | None = None, forbid: tuple = ()) -> Check:
-    """A build or debug check: the learner writes the function `name`, the check calls it.
+Judge = Callable[[list, list], str]
 
-    Declared once: `cases`, `judge`, and the hint tiers up to the formula in
-    `hints/<chapter>.md` (or `hints=`); the id
-    (f"{chapter}.{name}"), the grade id (f"{chapter}_{grade or name}_test") and the last tier
-    (exercise `exercise` of the solution notebook) follow. `run` defaults to calling the
-    learner's function on the case's entries `args` in order (args=None: on the case itself).
+
+def function_check(exercise: int, *, cases: Callable[[int, bool], list],
+                   args: tuple[str, ...] | None = None, run: Callable[..., Any] | None = None,
+                   grade: str | None = None, forbid: tuple = (),
+                   hints: tuple[str, ...] | None = None) -> Callable[[Judge], Check]:
+    """A build or debug check, declared on its judge: the learner writes the function the
+    judge is named after, and the check calls it on every case.
+
+        @function_check(1, args=("query", "keys"), grade="scores", cases=_scores_cases)
+        def similarity_scores(cases, outcomes): ...   # -> a Check, ch01.similarity_scores
+
+    The id (f"{chapter}.{name}"), the grade id (f"{chapter}_{grade or name}_test"), the hint
+    tiers (the check's section of `hints/<chapter>.md`, unless `hints=`) and the last tier
+    (exercise `exercise` of the chapter's solution notebook) follow. `run` defaults to calling
+    the learner's function on the case's entries `args` in order (args=None: on the case itself).
     """
-    if run is None:
-        def run(fn, case):
-            inputs = (case,) if args is None else tuple(case[a] for a in args)
-            return call(fn, *inputs, name=name)
-    return Check(cases=cases, run=run, judge=judge, forbid=forbid,
-                 **_declared(name, exercise, judge, grade, hints))
+    def declare(judge: Judge) -> Check:
+        name = judge.__name__
+        runner = run
+        if runner is None:
+            def runner(fn, case):
+                inputs = (case,) if args is None else tuple(case[a] for a in args)
+                return call(fn, *inputs, name=name)
+        return Check(cases=cases, run=runner, judge=judge, forbid=forbid,
+                     **_declared(name, exercise, judge, grade, hints))
+    return declare
 
 
 def _one_value(seed: int, hidden: bool) -> list:
@@ -214,14 +224,15 @@ def _the_value(value: Any, case: Any) -> Any:
     return value  # the kernel's whole part: hand back what the learner committed
 
 
-def value_check(name: str, exercise: int, *, judge: Callable[[list, list], str],
-                hints: tuple[str, ...] | None = None, grade: str | None = None,
-                forbid: tuple = ()) -> Check:
+def value_check(exercise: int, *, grade: str | None = None, forbid: tuple = (),
+                hints: tuple[str, ...] | None = None) -> Callable[[Judge], Check]:
     """A predict or experiment check: the learner commits a value (a prediction, a measured
-    number) and `judge` compares it with the grader's own run; nothing of the learner's is
-    called. Declared like `function_check`."""
-    return Check(cases=_one_value, run=_the_value, judge=judge, forbid=forbid,
-                 **_declared(name, exercise, judge, grade, hints))
+    number) and the judge compares it with the grader's own run; nothing of the learner's is
+    called. Declared on its judge like `function_check`."""
+    def declare(judge: Judge) -> Check:
+        return Check(cases=_one_value, run=_the_value, judge=judge, forbid=forbid,
+                     **_declared(judge.__name__, exercise, judge, grade, hints))
+    return declare
 
 
 def _reference_of(failure: CheckFailure) -> dict:

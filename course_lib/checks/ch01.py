@@ -31,7 +31,8 @@ def _scores_cases(seed: int, hidden: bool) -> list:
     return [_problem(rng, n, d) for n, d in sizes]
 
 
-def _scores_judge(cases: list, outcomes: list) -> str:
+@function_check(1, args=("query", "keys"), grade="scores", cases=_scores_cases)
+def similarity_scores(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         query, keys = case["query"], case["keys"]
         (n, d), want = keys.shape, torch.as_tensor(keys @ query)
@@ -42,12 +43,6 @@ def _scores_judge(cases: list, outcomes: list) -> str:
         expect_close(t, want, "similarity_scores(query, keys)", atol=1e-8, rtol=1e-6,
                      hint="The score of key j is the dot product of key j with the query.")
     return "similarity_scores: one dot product per key, shape (n,)."
-
-
-similarity_scores = function_check(
-    "similarity_scores", 1, args=("query", "keys"), grade="scores",
-    cases=_scores_cases, judge=_scores_judge,
-)
 
 
 # ---------------------------------------------------------------- exercise 2
@@ -62,7 +57,8 @@ def _softmax_cases(seed: int, hidden: bool) -> list:
     return [{"scores": s, "temperature": t} for s, t in cases]
 
 
-def _softmax_judge(cases: list, outcomes: list) -> str:
+@function_check(2, args=("scores", "temperature"), grade="softmax", cases=_softmax_cases)
+def softmax_weights(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         scores, temperature = case["scores"], case["temperature"]
         z = scores / temperature
@@ -79,12 +75,6 @@ def _softmax_judge(cases: list, outcomes: list) -> str:
     return "softmax_weights: a stable softmax that sums to 1 and respects the temperature."
 
 
-softmax_weights = function_check(
-    "softmax_weights", 2, args=("scores", "temperature"), grade="softmax",
-    cases=_softmax_cases, judge=_softmax_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 3
 
 def _lookup_cases(seed: int, hidden: bool) -> list:
@@ -95,7 +85,9 @@ def _lookup_cases(seed: int, hidden: bool) -> list:
     return [dict(_problem(rng, n, d, d_v), temperature=t) for n, d, d_v, t in sizes]
 
 
-def _lookup_judge(cases: list, outcomes: list) -> str:
+@function_check(3, args=("query", "keys", "values", "temperature"), cases=_lookup_cases,
+                forbid=((lookup, "soft_lookup"),))
+def soft_lookup(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         want_value, want_weights = lookup.soft_lookup(
             case["query"], case["keys"], case["values"], case["temperature"])
@@ -108,13 +100,6 @@ def _lookup_judge(cases: list, outcomes: list) -> str:
     return "soft_lookup: weights and blended value match, for scalar and vector values."
 
 
-soft_lookup = function_check(
-    "soft_lookup", 3, args=("query", "keys", "values", "temperature"),
-    cases=_lookup_cases, judge=_lookup_judge,
-    forbid=((lookup, "soft_lookup"),),
-)
-
-
 # ---------------------------------------------------------------- exercise 4
 
 def _gradient_cases(seed: int, hidden: bool) -> list:
@@ -124,7 +109,9 @@ def _gradient_cases(seed: int, hidden: bool) -> list:
     return [dict(_problem(rng, n, d), temperature=t) for n, d, t in sizes]
 
 
-def _gradient_judge(cases: list, outcomes: list) -> str:
+@function_check(4, args=("query", "keys", "values", "temperature"), grade="gradient",
+                cases=_gradient_cases)
+def query_gradient(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         q = torch.tensor(case["query"], requires_grad=True)
         blended, _ = lookup.soft_lookup(q, torch.as_tensor(case["keys"]),
@@ -143,12 +130,6 @@ def _gradient_judge(cases: list, outcomes: list) -> str:
     return "query_gradient: autograd flows through the soft lookup to the query."
 
 
-query_gradient = function_check(
-    "query_gradient", 4, args=("query", "keys", "values", "temperature"), grade="gradient",
-    cases=_gradient_cases, judge=_gradient_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 5 (predict)
 
 # The small dictionary of exercise 5 (the notebook's given cell builds the same one).
@@ -159,7 +140,8 @@ TEMPERATURES = {"cold": 0.01, "hot": 100.0}
 _TOLERANCE = {"cold": 0.5, "hot": 1.0}
 
 
-def _temperature_judge(cases: list, outcomes: list) -> str:
+@value_check(5, grade="temperature")
+def temperature_prediction(cases: list, outcomes: list) -> str:
     (_, got), = each(cases, outcomes)
     predicted = read_numbers(got, "prediction", tuple(TEMPERATURES))
     lines = []
@@ -181,12 +163,6 @@ def _temperature_judge(cases: list, outcomes: list) -> str:
             "average of the values.")
 
 
-temperature_prediction = value_check(
-    "temperature_prediction", 5, grade="temperature",
-    judge=_temperature_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 6 (debug)
 
 def _many_cases(seed: int, hidden: bool) -> list:
@@ -206,7 +182,9 @@ def _many_softmax(scores: np.ndarray, axis: int) -> np.ndarray:
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def _many_judge(cases: list, outcomes: list) -> str:
+@function_check(6, args=("queries", "keys", "values", "temperature"), cases=_many_cases,
+                forbid=((lookup, "soft_lookup"),))
+def lookup_many(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         queries, keys, values = case["queries"], case["keys"], case["values"]
         scores = queries @ keys.T / case["temperature"]
@@ -234,9 +212,3 @@ def _many_judge(cases: list, outcomes: list) -> str:
                      "own weights.")
     return "lookup_many: every query's weights sum to 1 over the keys; the bug is fixed."
 
-
-lookup_many = function_check(
-    "lookup_many", 6, args=("queries", "keys", "values", "temperature"),
-    cases=_many_cases, judge=_many_judge,
-    forbid=((lookup, "soft_lookup"),),
-)

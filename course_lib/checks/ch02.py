@@ -19,6 +19,8 @@ __all__ = ["attention_scores", "softmax_rows", "self_attention", "batched_attent
            "shuffle_prediction", "dilution_experiment", "hint"]
 
 SOLUTION = "solutions/02_queries_keys_values.ipynb"
+# the references an attention answer must not call
+_SDPA = ((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention"))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -35,7 +37,8 @@ def _scores_cases(seed: int, hidden: bool) -> list:
     return [{"q": randn(g, *q), "k": randn(g, *k)} for q, k in shapes]
 
 
-def _scores_judge(cases: list, outcomes: list) -> str:
+@function_check(1, args=("q", "k"), grade="scores", cases=_scores_cases)
+def attention_scores(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         q, k = case["q"], case["k"]
         t = to_tensor(got, "attention_scores(q, k)", dtype=torch.float64)
@@ -56,12 +59,6 @@ def _scores_judge(cases: list, outcomes: list) -> str:
     return "attention_scores: q kᵀ / √d_k for every query-key pair, batch dims kept."
 
 
-attention_scores = function_check(
-    "attention_scores", 1, args=("q", "k"), grade="scores",
-    cases=_scores_cases, judge=_scores_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 2
 
 def _softmax_cases(seed: int, hidden: bool) -> list:
@@ -78,7 +75,9 @@ def _softmax_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _softmax_judge(cases: list, outcomes: list) -> str:
+@function_check(2, grade="softmax", cases=_softmax_cases, forbid=(
+    (attention, "softmax"), (torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax")))
+def softmax_rows(cases: list, outcomes: list) -> str:
     for scores, got in each(cases, outcomes):
         want = _reference_softmax(scores)
         t = to_tensor(got, "softmax_rows(scores)", dtype=torch.float64)
@@ -101,13 +100,6 @@ def _softmax_judge(cases: list, outcomes: list) -> str:
     return "softmax_rows: a stable softmax over the key axis, fine for scores of ±1e4."
 
 
-softmax_rows = function_check(
-    "softmax_rows", 2, grade="softmax",
-    cases=_softmax_cases, judge=_softmax_judge,
-    forbid=((attention, "softmax"), (torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax")),
-)
-
-
 # ---------------------------------------------------------------- exercise 3
 
 def _attention_cases(seed: int, hidden: bool) -> list:
@@ -123,7 +115,8 @@ def _attention_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _attention_judge(cases: list, outcomes: list) -> str:
+@function_check(3, args=("x", "w_q", "w_k", "w_v"), cases=_attention_cases, forbid=_SDPA)
+def self_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         x = case["x"]
         out, weights = expect_pair(result, "self_attention", "(out, weights)")
@@ -147,13 +140,6 @@ def _attention_judge(cases: list, outcomes: list) -> str:
     return "self_attention: Q, K, V from three maps, scaled scores, softmax, weighted values."
 
 
-self_attention = function_check(
-    "self_attention", 3, args=("x", "w_q", "w_k", "w_v"),
-    cases=_attention_cases, judge=_attention_judge,
-    forbid=((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention")),
-)
-
-
 # ---------------------------------------------------------------- exercise 4 (debug)
 
 def _reshaped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -171,7 +157,9 @@ def _batched_cases(seed: int, hidden: bool) -> list:
              "w_v": randn(g, d, d_v)} for b, n, d, d_k, d_v in shapes]
 
 
-def _batched_judge(cases: list, outcomes: list) -> str:
+@function_check(4, args=("x", "w_q", "w_k", "w_v"), grade="batched", cases=_batched_cases,
+                forbid=_SDPA)
+def batched_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         x = case["x"]
         out, weights = expect_pair(result, "batched_attention", "(out, weights)")
@@ -194,13 +182,6 @@ def _batched_judge(cases: list, outcomes: list) -> str:
     return "batched_attention: K's last two axes swapped, not reshaped; the bug is fixed."
 
 
-batched_attention = function_check(
-    "batched_attention", 4, args=("x", "w_q", "w_k", "w_v"), grade="batched",
-    cases=_batched_cases, judge=_batched_judge,
-    forbid=((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention")),
-)
-
-
 # ---------------------------------------------------------------- exercise 5 (predict)
 
 SHUFFLE_CHOICES = ("same", "shuffled", "different")
@@ -221,7 +202,8 @@ def shuffle_experiment() -> dict:
             "shuffled": float((out_s - out[SHUFFLE_ORDER]).abs().max())}
 
 
-def _shuffle_judge(cases: list, outcomes: list) -> str:
+@value_check(5, grade="shuffle")
+def shuffle_prediction(cases: list, outcomes: list) -> str:
     (_, got), = each(cases, outcomes)
     choice = read_choice(got, "prediction", SHUFFLE_CHOICES)
     run = shuffle_experiment()
@@ -238,12 +220,6 @@ def _shuffle_judge(cases: list, outcomes: list) -> str:
             "permutation-equivariant; order has to come from elsewhere, chapter 07).")
 
 
-shuffle_prediction = value_check(
-    "shuffle_prediction", 5, grade="shuffle",
-    judge=_shuffle_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 6 (experiment)
 
 DILUTION_NS = (4, 64, 1024)
@@ -257,7 +233,8 @@ def _dilution_reference(n: int, trials: int = 2000, d_k: int = 16) -> float:
     return float(torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1).amax(-1).mean())
 
 
-def _dilution_judge(cases: list, outcomes: list) -> str:
+@value_check(6, grade="dilution")
+def dilution_experiment(cases: list, outcomes: list) -> str:
     (_, got), = each(cases, outcomes)
     measured = read_numbers(got, "largest_weight", DILUTION_NS)
     want = {n: _dilution_reference(n) for n in DILUTION_NS}
@@ -275,8 +252,3 @@ def _dilution_judge(cases: list, outcomes: list) -> str:
             f"({DILUTION_NS[-1]} keys): with random queries and keys, attention dilutes as the "
             "context grows.")
 
-
-dilution_experiment = value_check(
-    "dilution_experiment", 6, grade="dilution",
-    judge=_dilution_judge,
-)

@@ -41,7 +41,8 @@ def _predict_cases(seed: int, hidden: bool) -> list:
     return [{"d_k": d_k, "scaled": scaled} for d_k in dims for scaled in (False, True)]
 
 
-def _predict_judge(cases: list, outcomes: list) -> str:
+@function_check(1, args=("d_k", "scaled"), grade="predict", cases=_predict_cases)
+def predicted_variance(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         d_k, scaled = case["d_k"], case["scaled"]
         x = _number(got, f"predicted_variance({d_k}, scaled={scaled})")
@@ -60,19 +61,14 @@ def _predict_judge(cases: list, outcomes: list) -> str:
     return "predicted_variance: d_k without scaling, 1 with it."
 
 
-predicted_variance = function_check(
-    "predicted_variance", 1, args=("d_k", "scaled"), grade="predict",
-    cases=_predict_cases, judge=_predict_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 2 (experiment)
 
 MEASURE_WIDTHS = (16, 256)
 _MEASURE_RTOL = 0.15   # 300 x 300 scores: an honest estimate is within ~4% of d_k
 
 
-def _measured_judge(cases: list, outcomes: list) -> str:
+@value_check(2, grade="measured")
+def measured_variance(cases: list, outcomes: list) -> str:
     (_, got), = each(cases, outcomes)
     measured = read_numbers(got, "measured_variance", MEASURE_WIDTHS)
     for d_k in MEASURE_WIDTHS:
@@ -96,12 +92,6 @@ def _measured_judge(cases: list, outcomes: list) -> str:
             f"({measured[16]:.1f} at 16, {measured[256]:.0f} at 256), as predicted.")
 
 
-measured_variance = value_check(
-    "measured_variance", 2, grade="measured",
-    judge=_measured_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 3
 
 def _entropy_cases(seed: int, hidden: bool) -> list:
@@ -117,7 +107,8 @@ def _entropy_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _entropy_judge(cases: list, outcomes: list) -> str:
+@function_check(3, cases=_entropy_cases)
+def entropy(cases: list, outcomes: list) -> str:
     for weights, got in each(cases, outcomes):
         logs = torch.where(weights > 0, weights.clamp_min(1e-300).log(), torch.zeros_like(weights))
         want = -(weights * logs).sum(-1)
@@ -137,12 +128,6 @@ def _entropy_judge(cases: list, outcomes: list) -> str:
     return "entropy: -Σ w log w per row, 0 for a one-hot row, log n for a uniform one."
 
 
-entropy = function_check(
-    "entropy", 3,
-    cases=_entropy_cases, judge=_entropy_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 4
 
 def _jacobian_cases(seed: int, hidden: bool) -> list:
@@ -156,7 +141,9 @@ def _jacobian_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _jacobian_judge(cases: list, outcomes: list) -> str:
+@function_check(5, grade="jacobian", cases=_jacobian_cases,
+                forbid=((torch.autograd.functional, "jacobian"),))
+def softmax_jacobian(cases: list, outcomes: list) -> str:
     for scores, got in each(cases, outcomes):
         p = _softmax(scores)
         want = torch.diag(p) - torch.outer(p, p)
@@ -174,13 +161,6 @@ def _jacobian_judge(cases: list, outcomes: list) -> str:
         expect_close(t, want, "softmax_jacobian(scores)", atol=1e-9, rtol=1e-7,
                      hint="∂p_i/∂s_j = p_i (δ_ij - p_j).")
     return "softmax_jacobian: diag(p) - p pᵀ, which shrinks to 0 as p becomes one-hot."
-
-
-softmax_jacobian = function_check(
-    "softmax_jacobian", 5, grade="jacobian",
-    cases=_jacobian_cases, judge=_jacobian_judge,
-    forbid=((torch.autograd.functional, "jacobian"),),
-)
 
 
 # ---------------------------------------------------------------- exercise 4 (predict)
@@ -203,7 +183,8 @@ def entropy_experiment(n_queries: int = 2000, seed: int = 4) -> dict:
     return out
 
 
-def _entropy_prediction_judge(cases: list, outcomes: list) -> str:
+@value_check(4)
+def entropy_prediction(cases: list, outcomes: list) -> str:
     (_, got), = each(cases, outcomes)
     predicted = read_numbers(got, "predicted_entropy", ("unscaled", "scaled"))
     run, top = entropy_experiment(), math.log(ENTROPY_KEYS)
@@ -230,8 +211,3 @@ def _entropy_prediction_judge(cases: list, outcomes: list) -> str:
             f"{run['scaled']:.2f} nats (spread), against log {ENTROPY_KEYS} = {top:.2f} for "
             "uniform weights.")
 
-
-entropy_prediction = value_check(
-    "entropy_prediction", 4,
-    judge=_entropy_prediction_judge,
-)

@@ -37,7 +37,8 @@ def _causal_cases(seed: int, hidden: bool) -> list:
     return [4, 7, 1] + ([3, 2, 33] if hidden else [])
 
 
-def _causal_judge(cases: list, outcomes: list) -> str:
+@function_check(1, grade="causal", cases=_causal_cases, forbid=((masks, "causal_mask"),))
+def causal_mask(cases: list, outcomes: list) -> str:
     for n, got in each(cases, outcomes):
         got = _bool_result(got, f"causal_mask({n})", (n, n))
         i = torch.arange(n)
@@ -60,13 +61,6 @@ def _causal_judge(cases: list, outcomes: list) -> str:
     return "causal_mask: True on and below the diagonal; no query sees a later key."
 
 
-causal_mask = function_check(
-    "causal_mask", 1, grade="causal",
-    cases=_causal_cases, judge=_causal_judge,
-    forbid=((masks, "causal_mask"),),
-)
-
-
 # ---------------------------------------------------------------- exercise 2
 
 def _padding_cases(seed: int, hidden: bool) -> list:
@@ -77,7 +71,10 @@ def _padding_cases(seed: int, hidden: bool) -> list:
     return [{"lengths": lengths, "n_keys": n_keys} for lengths, n_keys in cases]
 
 
-def _padding_judge(cases: list, outcomes: list) -> str:
+@function_check(2, grade="padding", cases=_padding_cases, forbid=((masks, "padding_mask"),),
+                run=lambda fn, case: call(fn, list(case["lengths"]), case["n_keys"],
+                                          name="padding_mask"))
+def padding_mask(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         lengths, n_keys = case["lengths"], case["n_keys"]
         what = f"padding_mask({lengths}, {n_keys})"
@@ -95,14 +92,6 @@ def _padding_judge(cases: list, outcomes: list) -> str:
     return "padding_mask: the first lengths[b] keys of sequence b, shape (batch, 1, n_keys)."
 
 
-padding_mask = function_check(
-    "padding_mask", 2, grade="padding",
-    run=lambda fn, case: call(fn, list(case["lengths"]), case["n_keys"], name="padding_mask"),
-    cases=_padding_cases, judge=_padding_judge,
-    forbid=((masks, "padding_mask"),),
-)
-
-
 # ---------------------------------------------------------------- exercise 3
 
 def _additive_cases(seed: int, hidden: bool) -> list:
@@ -113,7 +102,8 @@ def _additive_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _additive_judge(cases: list, outcomes: list) -> str:
+@function_check(3, grade="additive", cases=_additive_cases)
+def to_additive(cases: list, outcomes: list) -> str:
     for mask, got in each(cases, outcomes):
         if isinstance(got, torch.Tensor) and not got.is_floating_point():
             fail(f"to_additive returned dtype {got.dtype}; the additive mask is a float tensor "
@@ -134,12 +124,6 @@ def _additive_judge(cases: list, outcomes: list) -> str:
         expect_close(t, want, "to_additive(mask)", atol=0, rtol=0,
                      hint="0.0 where the mask is True, -inf where it is False.")
     return "to_additive: 0 where attention is allowed, -inf where it is blocked."
-
-
-to_additive = function_check(
-    "to_additive", 3, grade="additive",
-    cases=_additive_cases, judge=_additive_judge,
-)
 
 
 # ---------------------------------------------------------------- exercise 4
@@ -165,7 +149,9 @@ def _masked_softmax_cases(seed: int, hidden: bool) -> list:
     return [{"scores": s, "mask": m} for s, m in cases]
 
 
-def _masked_softmax_judge(cases: list, outcomes: list) -> str:
+@function_check(4, args=("scores", "mask"), cases=_masked_softmax_cases,
+                forbid=((attention, "softmax"), (attention, "scaled_dot_product_attention")))
+def masked_softmax(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         s, mask = case["scores"], case["mask"]
         want = _softmax(s.masked_fill(~mask, float("-inf")))
@@ -187,13 +173,6 @@ def _masked_softmax_judge(cases: list, outcomes: list) -> str:
         expect_close(t, want, "masked_softmax(scores, mask)", atol=1e-9, rtol=1e-7,
                      hint="block the masked scores, then a stable softmax over the last axis.")
     return "masked_softmax: exact zeros on masked keys, zero rows instead of NaN."
-
-
-masked_softmax = function_check(
-    "masked_softmax", 4, args=("scores", "mask"),
-    cases=_masked_softmax_cases, judge=_masked_softmax_judge,
-    forbid=((attention, "softmax"), (attention, "scaled_dot_product_attention")),
-)
 
 
 # ---------------------------------------------------------------- exercise 5 (debug)
@@ -226,7 +205,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                       equal_nan=True))
 
 
-def _causal_attention_judge(cases: list, outcomes: list) -> str:
+@function_check(5, args=("q", "k", "v"), cases=_causal_attention_cases,
+                forbid=((masks, "causal_mask"), (attention, "scaled_dot_product_attention"),
+            (torch.nn.functional, "scaled_dot_product_attention")))
+def causal_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         q, k, v = case["q"], case["k"], case["v"]
         n = q.shape[-2]
@@ -254,14 +236,6 @@ def _causal_attention_judge(cases: list, outcomes: list) -> str:
     return "causal_attention: no query reads a later key; the off-by-one is fixed."
 
 
-causal_attention = function_check(
-    "causal_attention", 5, args=("q", "k", "v"),
-    cases=_causal_attention_cases, judge=_causal_attention_judge,
-    forbid=((masks, "causal_mask"), (attention, "scaled_dot_product_attention"),
-            (torch.nn.functional, "scaled_dot_product_attention")),
-)
-
-
 # ---------------------------------------------------------------- exercise 6 (experiment)
 
 SOFT_MASK_PENALTIES = (5, 10, 30)
@@ -280,7 +254,8 @@ def _leaked(penalty: float, rows_with_blocked_only: bool = False) -> float:
     return float(per_row[:-1].mean() if rows_with_blocked_only else per_row.mean())
 
 
-def _soft_mask_judge(cases: list, outcomes: list) -> str:
+@value_check(6, grade="soft_mask")
+def soft_mask_experiment(cases: list, outcomes: list) -> str:
     (_, got), = each(cases, outcomes)
     measured = read_numbers(got, "leaked", SOFT_MASK_PENALTIES)
     for m in SOFT_MASK_PENALTIES:
@@ -300,8 +275,3 @@ def _soft_mask_judge(cases: list, outcomes: list) -> str:
             f"5, {measured[10]:.1e} at 10 and {measured[30]:.0e} at 30: a soft mask only hides "
             "the future when its penalty dwarfs the spread of the scores.")
 
-
-soft_mask_experiment = value_check(
-    "soft_mask_experiment", 6, grade="soft_mask",
-    judge=_soft_mask_judge,
-)

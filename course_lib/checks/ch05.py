@@ -49,7 +49,9 @@ def _split_cases(seed: int, hidden: bool) -> list:
     return [{"x": randn(g, *shape), "num_heads": h} for shape, h in sizes]
 
 
-def _split_judge(cases: list, outcomes: list) -> str:
+@function_check(1, args=("x", "num_heads"), cases=_split_cases,
+                forbid=((multihead, "split_heads"),))
+def split_heads(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         x, h = case["x"], case["num_heads"]
         want = _ref_split(x, h)
@@ -70,13 +72,6 @@ def _split_judge(cases: list, outcomes: list) -> str:
     return "split_heads: (batch, n, d) -> (batch, heads, n, d/heads), head i = feature slice i."
 
 
-split_heads = function_check(
-    "split_heads", 1, args=("x", "num_heads"),
-    cases=_split_cases, judge=_split_judge,
-    forbid=((multihead, "split_heads"),),
-)
-
-
 # ---------------------------------------------------------------- exercise 2
 
 def _merge_cases(seed: int, hidden: bool) -> list:
@@ -86,7 +81,8 @@ def _merge_cases(seed: int, hidden: bool) -> list:
     return [randn(g, *shape) for shape in shapes]
 
 
-def _merge_judge(cases: list, outcomes: list) -> str:
+@function_check(2, cases=_merge_cases, forbid=((multihead, "merge_heads"),))
+def merge_heads(cases: list, outcomes: list) -> str:
     for x, got in each(cases, outcomes):
         want = _ref_merge(x)
         t = to_tensor(got, "merge_heads(x)", dtype=torch.float64)
@@ -101,13 +97,6 @@ def _merge_judge(cases: list, outcomes: list) -> str:
                           "...].")
     return ("merge_heads: (batch, heads, n, d_head) -> (batch, n, d), the exact inverse of "
             "split_heads (the given version skipped moving the head axis back).")
-
-
-merge_heads = function_check(
-    "merge_heads", 2,
-    cases=_merge_cases, judge=_merge_judge,
-    forbid=((multihead, "merge_heads"),),
-)
 
 
 # ---------------------------------------------------------------- exercise 3
@@ -125,7 +114,10 @@ def _mha_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _mha_judge(cases: list, outcomes: list) -> str:
+@function_check(3, grade="mha", args=("x", "w_q", "w_k", "w_v", "w_o", "num_heads", "mask"),
+                cases=_mha_cases, forbid=((multihead.MultiHeadAttention, "forward"),
+                                          (F, "multi_head_attention_forward")))
+def multi_head_attention(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         x, h, mask = case["x"], case["num_heads"], case["mask"]
         ws = [case[k] for k in ("w_q", "w_k", "w_v", "w_o")]
@@ -166,14 +158,6 @@ def _mha_judge(cases: list, outcomes: list) -> str:
     return "multi_head_attention: split, attend per head with sqrt(d_head), merge, mix with w_o."
 
 
-multi_head_attention = function_check(
-    "multi_head_attention", 3, grade="mha",
-    args=("x", "w_q", "w_k", "w_v", "w_o", "num_heads", "mask"),
-    cases=_mha_cases, judge=_mha_judge,
-    forbid=((multihead.MultiHeadAttention, "forward"), (F, "multi_head_attention_forward")),
-)
-
-
 # ---------------------------------------------------------------- exercise 4 (predict)
 
 FLOP_N, FLOP_D_HEAD, FLOP_HEADS = 64, 16, (1, 4)
@@ -193,7 +177,8 @@ def measured_flops(num_heads: int, n: int = FLOP_N, d_head: int = FLOP_D_HEAD) -
     return counter.get_total_flops()
 
 
-def _flop_judge(cases: list, outcomes: list) -> str:
+@value_check(4)
+def flop_growth(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "predicted_growth"), "predicted_growth", 0, 1e6,
                       "a number (how many times more FLOPs)")
     one, four = (measured_flops(h) for h in FLOP_HEADS)
@@ -213,12 +198,6 @@ def _flop_judge(cases: list, outcomes: list) -> str:
         fail(f"{gap}. Same cost holds at a FIXED d_model (section 2); here d_model grows with the "
              f"heads: {why}")
     fail(f"{gap}: {why}")
-
-
-flop_growth = value_check(
-    "flop_growth", 4,
-    judge=_flop_judge,
-)
 
 
 # ---------------------------------------------------------------- exercise 5
@@ -241,7 +220,8 @@ def _prev_cases(seed: int, hidden: bool) -> list:
     return cases + [{"weights": _perfect_head(4), "perfect": True}]
 
 
-def _prev_judge(cases: list, outcomes: list) -> str:
+@function_check(5, args=("weights",), grade="prev_score", cases=_prev_cases)
+def previous_token_score(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         w = case["weights"]
         B, h, n, _ = w.shape
@@ -270,8 +250,3 @@ def _prev_judge(cases: list, outcomes: list) -> str:
                      hint="mean over batch and queries i >= 1 of weights[b, head, i, i-1].")
     return "previous_token_score: mean weight on position i-1, one score per head."
 
-
-previous_token_score = function_check(
-    "previous_token_score", 5, args=("weights",), grade="prev_score",
-    cases=_prev_cases, judge=_prev_judge,
-)

@@ -54,7 +54,9 @@ def _rnn_cell(case: dict) -> torch.Tensor:
         return cell(case["x_t"], case["h"])
 
 
-def _step_judge(cases: list, outcomes: list) -> str:
+@function_check(1, args=("x_t", "h", "W_xh", "W_hh", "b"), cases=_step_cases,
+                forbid=((recurrent, "rnn_step"), (nn.RNNCell, "forward")))
+def rnn_step(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         x_t, h, W_xh, W_hh, b = (case[k] for k in ("x_t", "h", "W_xh", "W_hh", "b"))
         want = _rnn_cell(case) if "b_ih" in case else _step(x_t, h, W_xh, W_hh, b)
@@ -78,13 +80,6 @@ def _step_judge(cases: list, outcomes: list) -> str:
     return "rnn_step: h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), the same as torch.nn.RNNCell."
 
 
-rnn_step = function_check(
-    "rnn_step", 1, args=("x_t", "h", "W_xh", "W_hh", "b"),
-    cases=_step_cases, judge=_step_judge,
-    forbid=((recurrent, "rnn_step"), (nn.RNNCell, "forward")),
-)
-
-
 # ---------------------------------------------------------------- exercise 2
 
 def _run_cases(seed: int, hidden: bool) -> list:
@@ -93,7 +88,9 @@ def _run_cases(seed: int, hidden: bool) -> list:
     return [dict(_params(g, d_in, d_h), x=randn(g, B, n, d_in)) for B, n, d_in, d_h in sizes]
 
 
-def _run_judge(cases: list, outcomes: list) -> str:
+@function_check(2, args=("x", "W_xh", "W_hh", "b"), cases=_run_cases,
+                forbid=((recurrent.RunningSummaryRNN, "forward"), (nn.RNN, "forward")))
+def run_rnn(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         x, W_xh, W_hh, b = (case[k] for k in ("x", "W_xh", "W_hh", "b"))
         B, n, _ = x.shape
@@ -125,13 +122,6 @@ def _run_judge(cases: list, outcomes: list) -> str:
                      hint="h_last is the state after the final step.")
     return ("run_rnn: a running summary, updated position by position, equal to the loop it "
             "should be.")
-
-
-run_rnn = function_check(
-    "run_rnn", 2, args=("x", "W_xh", "W_hh", "b"),
-    cases=_run_cases, judge=_run_judge,
-    forbid=((recurrent.RunningSummaryRNN, "forward"), (nn.RNN, "forward")),
-)
 
 
 # ---------------------------------------------------------------- exercise 3
@@ -167,7 +157,10 @@ def _model(case: dict):
     return attention_outputs
 
 
-def _gradient_judge(cases: list, outcomes: list) -> str:
+@function_check(3, grade="gradient",
+                run=lambda fn, case: call(fn, _model(case), case["x"], name="gradient_vs_distance"),
+                cases=_gradient_cases, forbid=((recurrent, "gradient_vs_distance"),))
+def gradient_vs_distance(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         f, x = _model(case), case["x"]
         name = "an RNN" if case["model"] == "rnn" else "an attention layer"
@@ -193,14 +186,6 @@ def _gradient_judge(cases: list, outcomes: list) -> str:
     return "gradient_vs_distance: the Jacobian norm of the last output for every input position."
 
 
-gradient_vs_distance = function_check(
-    "gradient_vs_distance", 3, grade="gradient",
-    run=lambda fn, case: call(fn, _model(case), case["x"], name="gradient_vs_distance"),
-    cases=_gradient_cases, judge=_gradient_judge,
-    forbid=((recurrent, "gradient_vs_distance"),),
-)
-
-
 # ---------------------------------------------------------------- exercise 4
 
 def _memory_cases(seed: int, hidden: bool) -> list:
@@ -209,7 +194,8 @@ def _memory_cases(seed: int, hidden: bool) -> list:
     return [{"n": n, "d": d, "num_layers": layers} for n, d, layers in sizes]
 
 
-def _memory_judge(cases: list, outcomes: list) -> str:
+@function_check(4, args=("n", "d", "num_layers"), grade="memory", cases=_memory_cases)
+def memory_numbers(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         n, d, layers = case["n"], case["d"], case["num_layers"]
         expect_pair(got, "memory_numbers", "(rnn_numbers, attention_numbers)")
@@ -231,18 +217,13 @@ def _memory_judge(cases: list, outcomes: list) -> str:
             "values.")
 
 
-memory_numbers = function_check(
-    "memory_numbers", 4, args=("n", "d", "num_layers"), grade="memory",
-    cases=_memory_cases, judge=_memory_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 5 (predict)
 
 BOOK_TOKENS, BOOK_LAYERS, BOOK_WIDTH = 100_000, 32, 4096
 
 
-def _book_judge(cases: list, outcomes: list) -> str:
+@value_check(5)
+def predicted_ratio(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "predicted_ratio"), "predicted_ratio", 0, 1e15,
                       "a number (how many times more)")
     memory = recurrent.state_memory(BOOK_TOKENS, BOOK_WIDTH, BOOK_LAYERS)
@@ -261,12 +242,6 @@ def _book_judge(cases: list, outcomes: list) -> str:
     fail(f"{gap}: {why}")
 
 
-predicted_ratio = value_check(
-    "predicted_ratio", 5,
-    judge=_book_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 6 (experiment)
 
 FAR_SEED, FAR_N, FAR_D_IN, FAR_D_HIDDEN = 6, 32, 8, 16
@@ -283,7 +258,8 @@ def measured_far() -> float:
     return float(g[0] / g[-1])
 
 
-def _far_judge(cases: list, outcomes: list) -> str:
+@value_check(6)
+def rnn_far(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "rnn_far"), "rnn_far", 0, 1e30,
                       "a number (g[0] / g[-1])")
     want = measured_far()
@@ -301,8 +277,3 @@ def _far_judge(cases: list, outcomes: list) -> str:
     fail(f"rnn_far = {got:.3g}, but on the set-up cell's seeded RNN and x the check measures "
          f"{want:.2e}. Use exactly those, and your gradient_vs_distance from exercise 3.")
 
-
-rnn_far = value_check(
-    "rnn_far", 6,
-    judge=_far_judge,
-)

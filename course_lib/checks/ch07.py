@@ -51,7 +51,8 @@ def _rounding(gap: float) -> str:
     return "below 1e-5, rounding only" if gap < 1e-5 else f"{gap:.1e}"
 
 
-def _blind_judge(cases: list, outcomes: list) -> str:
+@value_check(1, grade="causal_blind")
+def causal_is_blind(cases: list, outcomes: list) -> str:
     got = read_bool(value(outcomes[0], "causal_is_blind"), "causal_is_blind")
     causal, unmasked = order_gaps()
     gap = (f"shuffling the 6 inputs moves the causal outputs by up to {causal:.4f} beyond a "
@@ -64,13 +65,8 @@ def _blind_judge(cases: list, outcomes: list) -> str:
     return f"causal_is_blind: you predicted not blind, and {gap}: {why}"
 
 
-causal_is_blind = value_check(
-    "causal_is_blind", 1, grade="causal_blind",
-    judge=_blind_judge,
-)
-
-
-def _gap_judge(cases: list, outcomes: list) -> str:
+@value_check(2)
+def causal_gap(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "causal_gap"), "causal_gap", 0, 1e6,
                       "a number (the largest absolute difference)")
     causal, unmasked = order_gaps()
@@ -84,12 +80,6 @@ def _gap_judge(cases: list, outcomes: list) -> str:
          "the positions (axis 1) of x with perm, run causal self-attention on x and on the "
          "shuffled x, shuffle the first output the same way, and take the largest absolute "
          "difference.")
-
-
-causal_gap = value_check(
-    "causal_gap", 2,
-    judge=_gap_judge,
-)
 
 
 # ---------------------------------------------------------------- exercise 3
@@ -117,7 +107,9 @@ def _rope_cases(seed: int, hidden: bool) -> list:
     return [{"x": x, "positions": p} for x, p in cases]
 
 
-def _rope_judge(cases: list, outcomes: list) -> str:
+@function_check(3, args=("x", "positions"), grade="rope", cases=_rope_cases,
+                forbid=((position, "apply_rope"),))
+def apply_rope(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         x, positions = case["x"], case["positions"]
         what = f"apply_rope(x of shape {tuple(x.shape)}, positions)"
@@ -150,13 +142,6 @@ def _rope_judge(cases: list, outcomes: list) -> str:
     return "apply_rope: neighbouring pairs rotated by position * 10000^(-2i/d); lengths kept."
 
 
-apply_rope = function_check(
-    "apply_rope", 3, args=("x", "positions"), grade="rope",
-    cases=_rope_cases, judge=_rope_judge,
-    forbid=((position, "apply_rope"),),
-)
-
-
 # ---------------------------------------------------------------- exercise 4
 
 def _cached_cases(seed: int, hidden: bool) -> list:
@@ -175,7 +160,8 @@ def _cached_run(fn, case):
                 k[:, :, :t].clone(), v[:, :, :t].clone(), name="cached_attention_step")
 
 
-def _cached_judge(cases: list, outcomes: list) -> str:
+@function_check(4, run=_cached_run, grade="cached_step", cases=_cached_cases)
+def cached_attention_step(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         q, k, v, t = case["q"], case["k"], case["v"], case["t"]
         B, H, n, d = q.shape
@@ -220,12 +206,6 @@ def _cached_judge(cases: list, outcomes: list) -> str:
     return "cached_attention_step: token by token, the same outputs as full causal attention."
 
 
-cached_attention_step = function_check(
-    "cached_attention_step", 4, run=_cached_run, grade="cached_step",
-    cases=_cached_cases, judge=_cached_judge,
-)
-
-
 # ---------------------------------------------------------------- exercise 5
 
 _BYTES_ARGS = ("num_layers", "num_heads", "n", "d_head", "bytes_per_element", "batch")
@@ -238,7 +218,8 @@ def _bytes_cases(seed: int, hidden: bool) -> list:
     return [dict(zip(_BYTES_ARGS, size)) for size in sizes]
 
 
-def _bytes_judge(cases: list, outcomes: list) -> str:
+@function_check(5, args=_BYTES_ARGS, grade="cache_bytes", cases=_bytes_cases)
+def kv_cache_bytes(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         layers, heads, n, d_head, size, batch = (case[k] for k in _BYTES_ARGS)
         what = "kv_cache_bytes(" + ", ".join(f"{k}={v}" for k, v in case.items()) + ")"
@@ -265,8 +246,3 @@ def _bytes_judge(cases: list, outcomes: list) -> str:
                  "x bytes.")
     return "kv_cache_bytes: 2 x layers x batch x heads x n x d_head x bytes per element."
 
-
-kv_cache_bytes = function_check(
-    "kv_cache_bytes", 5, args=_BYTES_ARGS, grade="cache_bytes",
-    cases=_bytes_cases, judge=_bytes_judge,
-)

@@ -60,7 +60,8 @@ def _update_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _update_judge(cases: list, outcomes: list) -> str:
+@function_check(1, args=("m", "l", "tile"), cases=_update_cases)
+def online_update(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         m, l, tile = case["m"], case["l"], case["tile"]
         rows = tile.shape[0]
@@ -92,12 +93,6 @@ def _update_judge(cases: list, outcomes: list) -> str:
                           "score seen so far.")
     return ("online_update: after every tile, l·exp(m) is the sum of exp over all scores seen, "
             "and a row that has seen only masked scores stays at m = -inf, l = 0 without NaN.")
-
-
-online_update = function_check(
-    "online_update", 1, args=("m", "l", "tile"),
-    cases=_update_cases, judge=_update_judge,
-)
 
 
 # ---------------------------------------------------------------- exercise 2
@@ -139,7 +134,10 @@ def _tiled_run(fn, case):
     return {"flops": counter.get_total_flops(), "out": out}
 
 
-def _tiled_judge(cases: list, outcomes: list) -> str:
+@function_check(2, run=_tiled_run, cases=_tiled_cases,
+                forbid=((F, "scaled_dot_product_attention"), (flash, "tiled_attention"),
+            (flash, "naive_attention"), (tiled, "tiled_attention"), (tiled, "naive_attention")))
+def causal_tiled(cases: list, outcomes: list) -> str:
     peak = flops = None
     for case, got in each(cases, outcomes):
         q, k, v, block = case["q"], case["k"], case["v"], case["block_size"]
@@ -182,14 +180,6 @@ def _tiled_judge(cases: list, outcomes: list) -> str:
             f"{peak / 2**20:.2f} MiB, well below the {grid / 2**20:.0f} MiB score grid.")
 
 
-causal_tiled = function_check(
-    "causal_tiled", 2, run=_tiled_run,
-    cases=_tiled_cases, judge=_tiled_judge,
-    forbid=((F, "scaled_dot_product_attention"), (flash, "tiled_attention"),
-            (flash, "naive_attention"), (tiled, "tiled_attention"), (tiled, "naive_attention")),
-)
-
-
 # ---------------------------------------------------------------- exercises 3 and 4
 
 FRACTION_N, FRACTION_D, FRACTION_BLOCK = 1024, 64, 128
@@ -219,7 +209,8 @@ def _why(measured: float) -> str:
             "than half, closer to half the smaller the tiles.")
 
 
-def _fraction_judge(cases: list, outcomes: list) -> str:
+@value_check(3)
+def causal_fraction(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "predicted_fraction"), "predicted_fraction", 0, 1,
                       "a fraction between 0 and 1")
     measured = measured_fraction()
@@ -232,13 +223,8 @@ def _fraction_judge(cases: list, outcomes: list) -> str:
     fail(f"{gap}: {_why(measured)}")
 
 
-causal_fraction = value_check(
-    "causal_fraction", 3,
-    judge=_fraction_judge,
-)
-
-
-def _measured_judge(cases: list, outcomes: list) -> str:
+@value_check(4, grade="measured_fraction")
+def measured_causal_fraction(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "causal_over_full"), "causal_over_full", 0, 10,
                       "a number (causal FLOPs / full FLOPs)")
     measured = measured_fraction()
@@ -258,8 +244,3 @@ def _measured_judge(cases: list, outcomes: list) -> str:
          f"{FRACTION_N}, d = {FRACTION_D}, block_size = {FRACTION_BLOCK} gives a different "
          "fraction: use exactly those sizes, one head, the same inputs for both calls.")
 
-
-measured_causal_fraction = value_check(
-    "measured_causal_fraction", 4, grade="measured_fraction",
-    judge=_measured_judge,
-)

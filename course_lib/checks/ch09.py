@@ -40,7 +40,9 @@ def _gqa_run(fn, case):
     return call(fn, case["q"], case["k"], case["v"], name="grouped_query_attention")
 
 
-def _gqa_judge(cases: list, outcomes: list) -> str:
+@function_check(1, run=_gqa_run, grade="gqa", cases=_gqa_cases, forbid=(
+    (attention, "grouped_query_attention"), (F, "scaled_dot_product_attention")))
+def grouped_query_attention(cases: list, outcomes: list) -> str:
     for case, outcome in zip(cases, outcomes):
         q, k, v = case["q"], case["k"], case["v"]
         got = value(outcome, "grouped_query_attention")
@@ -69,12 +71,6 @@ def _gqa_judge(cases: list, outcomes: list) -> str:
             "shapes, multi-query (g = 1) included.")
 
 
-grouped_query_attention = function_check(
-    "grouped_query_attention", 1, run=_gqa_run, grade="gqa",
-    cases=_gqa_cases, judge=_gqa_judge,
-    forbid=((attention, "grouped_query_attention"), (F, "scaled_dot_product_attention")),
-)
-
 # ------------------------------------------------------------------------------------------------
 # exercise 2 (debug): the recurrent form of linear attention
 # ------------------------------------------------------------------------------------------------
@@ -92,7 +88,9 @@ def _recurrence_run(fn, case):
     return call(fn, case["q"], case["k"], case["v"], name="linear_recurrence")
 
 
-def _recurrence_judge(cases: list, outcomes: list) -> str:
+@function_check(2, run=_recurrence_run, grade="recurrence", cases=_recurrence_cases,
+                forbid=((linear, "linear_attention"), (linear, "linear_attention_recurrent")))
+def linear_recurrence(cases: list, outcomes: list) -> str:
     for case, outcome in zip(cases, outcomes):
         q, k, v = case["q"], case["k"], case["v"]
         out = to_tensor(value(outcome, "linear_recurrence"), "linear_recurrence(q, k, v)",
@@ -121,12 +119,6 @@ def _recurrence_judge(cases: list, outcomes: list) -> str:
     return ("linear_recurrence: equals causal linear attention on every case; the bug is fixed.")
 
 
-linear_recurrence = function_check(
-    "linear_recurrence", 2, run=_recurrence_run, grade="recurrence",
-    cases=_recurrence_cases, judge=_recurrence_judge,
-    forbid=((linear, "linear_attention"), (linear, "linear_attention_recurrent")),
-)
-
 # ------------------------------------------------------------------------------------------------
 # exercise 3 (predict): where the quadratic term takes over
 # ------------------------------------------------------------------------------------------------
@@ -134,7 +126,8 @@ linear_recurrence = function_check(
 PREDICT_WIDTH = 1024
 
 
-def _predict_judge(cases: list, outcomes: list) -> str:
+@value_check(3, grade="predict")
+def predicted_crossover(cases: list, outcomes: list) -> str:
     got = value(outcomes[0], "predicted_crossover")
     if got is None:
         fail("predicted_crossover is None: write your prediction (a number of tokens) in it.")
@@ -158,11 +151,6 @@ def _predict_judge(cases: list, outcomes: list) -> str:
          "Write both sides as FLOPs of n and d (2 per multiply-add) and solve for n.")
 
 
-predicted_crossover = value_check(
-    "predicted_crossover", 3, grade="predict",
-    judge=_predict_judge,
-)
-
 # ------------------------------------------------------------------------------------------------
 # exercise 4 (experiment): how far does a window of W reach?
 # ------------------------------------------------------------------------------------------------
@@ -170,7 +158,9 @@ predicted_crossover = value_check(
 EXPERIMENT_WINDOW = 5
 
 
-def _reach_judge(cases: list, outcomes: list) -> str:
+@function_check(4, run=lambda reach, beyond, case: (reach, beyond), grade="experiment",
+                cases=lambda seed, hidden: [None])
+def window_reach(cases: list, outcomes: list) -> str:
     got = value(outcomes[0], "(reach, beyond)")
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         fail("the check takes two numbers: check.window_reach(reach, beyond).")
@@ -198,8 +188,3 @@ def _reach_judge(cases: list, outcomes: list) -> str:
     return (f"window_reach: a window of {w} answers up to k = {int(reach)} and guesses beyond it "
             f"(accuracy {beyond:.2f}, chance 0.12).")
 
-
-window_reach = function_check(
-    "window_reach", 4, run=lambda reach, beyond, case: (reach, beyond), grade="experiment",
-    cases=lambda seed, hidden: [None], judge=_reach_judge,
-)

@@ -112,7 +112,11 @@ _BLOCK_MISTAKES = {
 }
 
 
-def _block_judge(cases: list, outcomes: list) -> str:
+@function_check(1, run=_block_run, grade="block", cases=_block_cases,
+                forbid=((block_module, "TransformerBlock"), (multihead, "MultiHeadAttention"),
+            (nn, "TransformerEncoderLayer"), (nn, "MultiheadAttention"),
+            (F, "multi_head_attention_forward")))
+def transformer_block(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         x, p, heads, mask = case["x"], case["params"], case["num_heads"], case["mask"]
         want = _reference_block(x, p, heads, mask)
@@ -141,14 +145,6 @@ def _reference_block(x, p, heads, mask):
         return reference(x, mask=mask)
 
 
-transformer_block = function_check(
-    "transformer_block", 1, run=_block_run, grade="block",
-    cases=_block_cases, judge=_block_judge,
-    forbid=((block_module, "TransformerBlock"), (multihead, "MultiHeadAttention"),
-            (nn, "TransformerEncoderLayer"), (nn, "MultiheadAttention"),
-            (F, "multi_head_attention_forward")),
-)
-
 # ------------------------------------------------------------------------------------------------
 # exercise 2 (debug): remove one head's contribution
 # ------------------------------------------------------------------------------------------------
@@ -168,7 +164,8 @@ def _ablate_run(fn, case):
     return {"weight": got, "input_unchanged": bool(torch.equal(w, before))}
 
 
-def _ablate_judge(cases: list, outcomes: list) -> str:
+@function_check(2, run=_ablate_run, grade="ablate", cases=_ablate_cases)
+def ablate_head(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         w, head, heads = case["out_weight"], case["head"], case["num_heads"]
         d_head = w.shape[0] // heads
@@ -196,11 +193,6 @@ def _ablate_judge(cases: list, outcomes: list) -> str:
     return ("ablate_head: zeroes exactly the head's d_head columns of W_O and leaves the input "
             "as it was.")
 
-
-ablate_head = function_check(
-    "ablate_head", 2, run=_ablate_run, grade="ablate",
-    cases=_ablate_cases, judge=_ablate_judge,
-)
 
 # ------------------------------------------------------------------------------------------------
 # exercises 3 and 4: the shipped induction models (measured here, in the judge's process)
@@ -252,7 +244,8 @@ def _number(got, name: str, low: float = 0.0, high: float = 1.0) -> float:
     return float(got)
 
 
-def _one_layer_judge(cases: list, outcomes: list) -> str:
+@value_check(3, grade="predict")
+def one_layer_accuracy(cases: list, outcomes: list) -> str:
     got = _number(value(outcomes[0], "predicted_accuracy"), "predicted_accuracy")
     measured = _measured_one_layer()
     chance = 1 / 32
@@ -269,13 +262,9 @@ def _one_layer_judge(cases: list, outcomes: list) -> str:
          "showed, which beats 1/32.")
 
 
-one_layer_accuracy = value_check(
-    "one_layer_accuracy", 3, grade="predict",
-    judge=_one_layer_judge,
-)
-
-
-def _ablated_judge(cases: list, outcomes: list) -> str:
+@function_check(4, run=lambda heads, accuracy, case: (heads, accuracy), grade="ablation",
+                cases=lambda seed, hidden: [None])
+def ablated_accuracy(cases: list, outcomes: list) -> str:
     got = value(outcomes[0], "(heads, accuracy)")
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         fail("the check takes two answers: check.ablated_accuracy(previous_heads, accuracy).")
@@ -303,8 +292,3 @@ def _ablated_judge(cases: list, outcomes: list) -> str:
             f"the two-layer model from {before:.2f} to {after:.2f}: the layer-1 induction heads "
             "had nothing to match on.")
 
-
-ablated_accuracy = function_check(
-    "ablated_accuracy", 4, run=lambda heads, accuracy, case: (heads, accuracy), grade="ablation",
-    cases=lambda seed, hidden: [None], judge=_ablated_judge,
-)
