@@ -50,9 +50,27 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
+    from course_tools.hub.collection import is_collection
+
+    if len(args.submissions) == 1 and is_collection(args.submissions[0]):
+        from course_tools.hub.collection import main_grade  # the hub's hand-ins, by learner
+
+        return main_grade(args)
     from course_tools import grader as grading
 
     return grading.main_grade(args)
+
+
+def cmd_hub(args: argparse.Namespace) -> int:
+    from course_tools.hub.launch import main
+
+    return main(args)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from course_tools.hub.submit import main
+
+    return main(args)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -137,6 +155,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sandbox", action="store_true",
                    help="run the kernels without bubblewrap even where it works (debugging)")
     p.set_defaults(func=cmd_grade)
+
+    p = sub.add_parser("hub", help="instructors: run the workshop's JupyterHub (as root, Linux)")
+    p.add_argument("--ip", default="127.0.0.1", help="address learners connect to (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port learners connect to (8000)")
+    p.add_argument("--dir", type=Path, default=None,
+                   help="the hub's own folder: database, passwords, collection/ (.hub/)")
+    p.add_argument("--admin", default="instructor", help="the admin's user name (instructor)")
+    p.add_argument("--home-root", default="/home/course", help="learners' homes (/home/course)")
+    p.add_argument("--user-prefix", default="course-",
+                   help="system user of learner NAME: PREFIX+NAME (course-)")
+    p.add_argument("--mem", default="2G", help="memory per learner process (2G)")
+    p.add_argument("--cpu", type=float, default=1.0, help="CPU cores per learner (1)")
+    p.add_argument("--idle", type=int, default=3600,
+                   help="seconds before an idle kernel or server is shut down (3600)")
+    p.add_argument("--extra-config", default=None, help="a jupyterhub_config.py loaded last")
+    p.set_defaults(func=cmd_hub)
+
+    p = sub.add_parser("submit", help="learners on the hub: hand in an exercise notebook")
+    p.add_argument("notebook", nargs="*", type=Path, help="the saved .ipynb file(s)")
+    p.add_argument("--list", action="store_true", help="list your hand-ins so far")
+    p.set_defaults(func=cmd_submit)
     return parser
 
 

@@ -47,6 +47,7 @@ def setup() -> None:
     """Create .venv and install the course with the pinned versions, unless already done."""
     if sys.version_info < (3, 10):  # noqa: UP036 - this script runs before any venv exists
         sys.exit(f"The course needs Python 3.10 or newer; this is {sys.version.split()[0]}.")
+    setup_hub_proxy()
     stamp = wanted_stamp()
     if PY.exists() and STAMP.exists() and STAMP.read_text() == stamp:
         return
@@ -63,6 +64,23 @@ def setup() -> None:
         "--display-name", "Python 3 (attention course)")
     STAMP.write_text(stamp)
     say("environment ready")
+
+
+def setup_hub_proxy() -> None:
+    """The workshop hub's proxy (configurable-http-proxy, pinned in package-lock.json), when npm
+    is here and node_modules/ is older than the lock file. Without npm, only `course hub` and its
+    test need it: they say so."""
+    npm, lock = shutil.which("npm"), ROOT / "package-lock.json"
+    installed = ROOT / "node_modules" / ".package-lock.json"  # npm writes it after an install
+    if npm is None or not lock.exists():
+        return
+    if installed.exists() and installed.stat().st_mtime >= lock.stat().st_mtime:
+        return
+    say("installing the workshop hub's proxy (npm ci, package-lock.json)")
+    try:
+        run(npm, "ci", "--no-audit", "--no-fund", "--loglevel=error")
+    except (subprocess.CalledProcessError, OSError) as e:
+        say(f"could not install the hub's proxy ({e}); everything but `course hub` works")
 
 
 def lab(args: list[str]) -> None:

@@ -1,0 +1,115 @@
+"""The hand-in service: a JupyterHub service that files a notebook under the learner's name.
+
+The hub starts it (`jupyterhub_config.py`, `c.JupyterHub.services`) as the hub's own user, on
+127.0.0.1. A learner's `course submit` POSTs the notebook with the token of their own server
+($JUPYTERHUB_API_TOKEN, which the hub gives the scope `access:services!service=handin`); the
+service asks the hub whose token it is and files the bytes under *that* name, so nobody can hand
+in as someone else. The collection folder is the hub user's alone (mode 0700): learners write to
+it only through this service and never read it.
+
+    POST /services/handin/?name=04_masking.ipynb   body: the notebook   -> the stored hand-in
+    GET  /services/handin/                         -> the learner's own hand-ins
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from course_tools.hub.collection import Collection
+
+MAX_MB = 16           # a notebook with its figures is 0.1-3 MB
+MAX_HANDINS = 200     # per learner: bounds the disk a learner's loop could fill
+
+
+def _handler_class():
+    from jupyterhub.services.auth import HubAuthenticated
+    from tornado import web
+    from tornado.log import app_log
+
+    class HandinHandler(HubAuthenticated, web.RequestHandler):
+        def initialize(self, collection: Collection):
+            self.collection = collection
+
+        def _learner(self) -> str:
+            user = self.current_user
+            if not user or user.get("kind", "user") != "user":
+                raise web.HTTPError(403, "only a learner's own server can hand in")
+            return user["name"]
+
+        def _reply(self, status: int, body: dict) -> None:
+            self.set_status(status)
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps(body))
+
+        def write_error(self, status_code, **kwargs):
+            reason = self._reason
+            exc = kwargs.get("exc_info", (None, None, None))[1]
+            if isinstance(exc, web.HTTPError) and exc.log_message:
+                reason = exc.log_message % exc.args if exc.args else exc.log_message
+            self.finish(json.dumps({"error": reason}))
+
+        @web.authenticated
+        def get(self):
+            learner = self._learner()
+            self._reply(200, {"learner": learner, "handins": [
+                {"notebook": h.notebook, "handed_in": h.handed_in}
+                for h in self.collection.handins(learner)]})
+
+        @web.authenticated
+        def post(self):
+            learner = self._learner()
+            name = self.get_argument("name", "")
+            try:
+                nb = json.loads(self.request.body)
+                if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+                    raise ValueError
+            except ValueError:
+                raise web.HTTPError(400, "that file is not a Jupyter notebook") from None
+            if len(self.collection.handins(learner)) >= MAX_HANDINS:
+                raise web.HTTPError(429, f"{MAX_HANDINS} hand-ins already: ask the instructor")
+            try:
+                handin = self.collection.add(learner, name, self.request.body)
+            except ValueError as e:
+                raise web.HTTPError(400, str(e)) from None
+            same = [h for h in self.collection.handins(learner) if h.notebook == name]
+            app_log.info("hand-in: %s %s (%d bytes)", learner, handin.path.name,
+                          len(self.request.body))
+            self._reply(201, {"learner": learner, "notebook": name,
+                              "handed_in": handin.handed_in, "count": len(same)})
+
+    return HandinHandler
+
+
+def make_app(collection: Collection, prefix: str):
+    from tornado import web
+
+    prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
+    return web.Application([(prefix, _handler_class(), {"collection": collection})])
+
+
+def main(argv: list[str] | None = None) -> None:
+    import asyncio
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--collection", type=Path, required=True)
+    args = parser.parse_args(argv)
+    url = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
+    app = make_app(Collection(args.collection, create=True),
+                   os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/"))
+
+    async def serve():
+        app.listen(url.port, address=url.hostname or "127.0.0.1", max_body_size=MAX_MB << 20)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:  # the hub stops its services with SIGINT
+        pass
+
+
+if __name__ == "__main__":
+    main()
