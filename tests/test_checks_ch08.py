@@ -236,30 +236,7 @@ def step_given(acc, l_i, m_i, qk, v):
     acc = acc + tl.dot(p, v)
     return acc, l_i, m_new
 
-@triton.jit
-def softmax_ok(X, Y, stride, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=-float("inf"))
-    e = tl.exp(x - tl.max(x, 0))
-    tl.store(Y + row * stride + cols, e / tl.sum(e, 0), mask=cols < n_cols)
-
-@triton.jit
-def softmax_pad_zero(X, Y, stride, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=0.0)
-    e = tl.exp(x - tl.max(x, 0))
-    tl.store(Y + row * stride + cols, e / tl.sum(e, 0), mask=cols < n_cols)
-
-@triton.jit
-def softmax_unstable(X, Y, stride, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    e = tl.exp(tl.load(X + row * stride + cols, mask=cols < n_cols, other=-float("inf")))
-    tl.store(Y + row * stride + cols, e / tl.sum(e, 0), mask=cols < n_cols)
-
-def launcher(kernel):
+{softmaxes}def launcher(kernel):
     def row_softmax(x):
         y = torch.empty_like(x)
         kernel[(x.shape[0],)](x, y, x.stride(0), x.shape[1],
@@ -267,6 +244,22 @@ def launcher(kernel):
         return y
     return row_softmax
 '''
+# The row-softmax kernels differ only in how a row is loaded and exponentiated.
+_SOFTMAX = """@triton.jit
+def softmax_{name}(X, Y, stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    {body}
+    tl.store(Y + row * stride + cols, e / tl.sum(e, 0), mask=cols < n_cols)
+
+"""
+_LOAD = "tl.load(X + row * stride + cols, mask=cols < n_cols, other=OTHER)"
+_STABLE = "x = " + _LOAD + "\n    e = tl.exp(x - tl.max(x, 0))"
+_VARIANTS = (("ok", _STABLE.replace("OTHER", '-float("inf")')),
+             ("pad_zero", _STABLE.replace("OTHER", "0.0")),
+             ("unstable", "e = tl.exp(" + _LOAD.replace("OTHER", '-float("inf")') + ")"))
+STEPS = STEPS.replace("{softmaxes}", "".join(_SOFTMAX.format(name=name, body=body)
+                                             for name, body in _VARIANTS))
 
 
 @pytest.fixture(scope="module")

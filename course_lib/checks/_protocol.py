@@ -220,15 +220,18 @@ def _one_value(seed: int, hidden: bool) -> list:
     return [None]  # a committed value is judged once: there are no inputs to vary
 
 
-def _the_value(value: Any, case: Any) -> Any:
-    return value  # the kernel's whole part: hand back what the learner committed
+def _the_value(*values_and_case: Any) -> Any:
+    # the kernel's whole part: hand back what the learner committed (a tuple if several)
+    values = values_and_case[:-1]
+    return values[0] if len(values) == 1 else values
 
 
 def value_check(exercise: int, *, grade: str | None = None, forbid: tuple = (),
                 hints: tuple[str, ...] | None = None) -> Callable[[Judge], Check]:
     """A predict or experiment check: the learner commits a value (a prediction, a measured
-    number) and the judge compares it with the grader's own run; nothing of the learner's is
-    called. Declared on its judge like `function_check`."""
+    number; or several, `check.window_reach(reach, beyond)`, judged as one tuple) and the judge
+    compares it with the grader's own run; nothing of the learner's is called. Declared on its
+    judge like `function_check`."""
     def declare(judge: Judge) -> Check:
         return Check(cases=_one_value, run=_the_value, judge=judge, forbid=forbid,
                      **_declared(judge.__name__, exercise, judge, grade, hints))

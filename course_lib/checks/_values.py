@@ -73,3 +73,11 @@ def read_choice(got: Any, name: str, choices: tuple[str, ...]) -> str:
     if not isinstance(got, str) or got.strip().lower() not in choices:
         fail(f"{name} should be one of {options}; it is {got!r}.")
     return got.strip().lower()
+
+
+def read_several(got: Any, n: int, what: str, usage: str) -> tuple:
+    """The n values a check was called with, `check.window_reach(reach, beyond)`, as a tuple;
+    called with another number of them, feedback that shows the `usage`."""
+    if not (isinstance(got, (tuple, list)) and len(got) == n):
+        fail(f"the check takes {what}: {usage}.")
+    return tuple(got)

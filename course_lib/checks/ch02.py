@@ -115,14 +115,19 @@ def _attention_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
+def _answer(case: dict, result, name: str, weights: str) -> tuple:
+    """q, k, v of one case, the learner's (out, weights) and the reference's (out, weights)."""
+    x = case["x"]
+    out, w = expect_pair(result, name, "(out, weights)")
+    q, k, v = x @ case["w_q"], x @ case["w_k"], x @ case["w_v"]
+    return (q, k, v), out, to_tensor(w, weights, dtype=torch.float64), _reference_attention(q, k, v)
+
+
 @function_check(3, args=("x", "w_q", "w_k", "w_v"), cases=_attention_cases, forbid=_SDPA)
 def self_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
-        x = case["x"]
-        out, weights = expect_pair(result, "self_attention", "(out, weights)")
-        q, k, v = x @ case["w_q"], x @ case["w_k"], x @ case["w_v"]
-        want_out, want_weights = _reference_attention(q, k, v)
-        w = to_tensor(weights, "the weights", dtype=torch.float64)
+        (q, k, v), out, w, (want_out, want_weights) = _answer(case, result, "self_attention",
+                                                              "the weights")
         if w.shape == want_weights.shape:
             _, unscaled = _reference_attention(q, k, v, scale=1.0)
             if _close(w, unscaled) and not _close(unscaled, want_weights):
@@ -161,11 +166,8 @@ def _batched_cases(seed: int, hidden: bool) -> list:
                 forbid=_SDPA)
 def batched_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
-        x = case["x"]
-        out, weights = expect_pair(result, "batched_attention", "(out, weights)")
-        q, k, v = x @ case["w_q"], x @ case["w_k"], x @ case["w_v"]
-        want_out, want_weights = _reference_attention(q, k, v)
-        w = to_tensor(weights, "the weights of batched_attention", dtype=torch.float64)
+        (q, k, v), out, w, (want_out, want_weights) = _answer(
+            case, result, "batched_attention", "the weights of batched_attention")
         if w.shape == want_weights.shape and k.shape[-2] > 1:
             if _close(w, _reshaped(q, k, v)[1]):
                 fail("still reshaping K: k.reshape(b, d_k, n) has the right shape but not the "

@@ -13,6 +13,7 @@ import course_lib.attention as attention
 import course_lib.linear_attention as linear
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import function_check, value, value_check
+from course_lib.checks._values import read_several
 from course_lib.cost import crossover_length
 
 SOLUTION = "solutions/09_paying_less.ipynb"
@@ -158,13 +159,10 @@ def predicted_crossover(cases: list, outcomes: list) -> str:
 EXPERIMENT_WINDOW = 5
 
 
-@function_check(4, run=lambda reach, beyond, case: (reach, beyond), grade="experiment",
-                cases=lambda seed, hidden: [None])
+@value_check(4, grade="experiment")
 def window_reach(cases: list, outcomes: list) -> str:
-    got = value(outcomes[0], "(reach, beyond)")
-    if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        fail("the check takes two numbers: check.window_reach(reach, beyond).")
-    reach, beyond = got
+    reach, beyond = read_several(value(outcomes[0], "(reach, beyond)"), 2, "two numbers",
+                                 "check.window_reach(reach, beyond)")
     if reach is None or beyond is None:
         fail("reach or beyond is None: set both from your measurement.")
     if isinstance(reach, bool) or not isinstance(reach, (int, float)) or reach != int(reach):

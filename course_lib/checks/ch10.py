@@ -15,6 +15,7 @@ import course_lib.models.block as block_module
 import course_lib.multihead as multihead
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
+from course_lib.checks._values import read_several
 
 __all__ = ["transformer_block", "ablate_head", "one_layer_accuracy", "ablated_accuracy", "hint"]
 
@@ -262,13 +263,10 @@ def one_layer_accuracy(cases: list, outcomes: list) -> str:
          "showed, which beats 1/32.")
 
 
-@function_check(4, run=lambda heads, accuracy, case: (heads, accuracy), grade="ablation",
-                cases=lambda seed, hidden: [None])
+@value_check(4, grade="ablation")
 def ablated_accuracy(cases: list, outcomes: list) -> str:
-    got = value(outcomes[0], "(heads, accuracy)")
-    if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        fail("the check takes two answers: check.ablated_accuracy(previous_heads, accuracy).")
-    heads, accuracy = got
+    heads, accuracy = read_several(value(outcomes[0], "(heads, accuracy)"), 2, "two answers",
+                                   "check.ablated_accuracy(previous_heads, accuracy)")
     if isinstance(heads, torch.Tensor):
         heads = heads.tolist()
     if isinstance(heads, int) and not isinstance(heads, bool):
