@@ -7,7 +7,6 @@ import sys
 import pytest
 import torch
 
-import course_lib.flash.measure as flash_measure
 from course_lib.flash import bench
 from course_lib.measure import best_time, peak_bytes, set_threads, threads
 
@@ -55,11 +54,6 @@ def test_one_triton_detection():
 
     assert flash.triton_available is env.triton_available
     assert env.triton_available() == (importlib.util.find_spec("triton") is not None)
-
-
-def test_flash_measure_is_the_same_timer():
-    """Chapter 08 imports course_lib.flash.measure; it is the one timer, not a copy."""
-    assert flash_measure.best_time is best_time and flash_measure.peak_bytes is peak_bytes
 
 
 def test_run_cpu_rows_and_summary():

@@ -2,11 +2,12 @@
 
 Every configuration the autotuner may try (forward, dK/dV, dQ; causal and not; fp16, bf16, fp32;
 d = 16, 32, 64, 128), each in its two variants (lengths a multiple of the blocks, and ragged
-lengths with masked loads), is compiled by `python -m course_lib.flash.compile_check` in a
-subprocess (Triton must not be in interpreter mode there): 336 compiles on two threads. Each must
-fit sm_90's 227 KB of shared memory and keep its registers without spilling. Triton caches
-compiled kernels (~/.triton/cache), so only the first run after a kernel change compiles for real
-(about 200 s of CPU time; later runs take seconds).
+lengths with masked loads), plus the TMA forward's first bf16 config at d = 64 and 128, is
+compiled by `python -m course_tools.gpu.compile_audit` in a subprocess (Triton must not be in
+interpreter mode there): 392 compiles on two threads. Each must fit sm_90's 227 KB of shared
+memory, keep its registers without spilling and use Hopper's wgmma. Triton caches compiled
+kernels (~/.triton/cache), so only the first run after a kernel change compiles for real
+(about 250 s of CPU time; later runs take seconds).
 """
 
 import importlib.util
@@ -39,14 +40,16 @@ def _run(code: str, timeout: float) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def kernel_tables():
     """configs_for and the limit, read in a compiled-mode process (pure Python, no compiling)."""
-    from course_lib.flash import compile_check
+    from course_tools.gpu import compile_audit
 
-    if compile_check.cuobjdump() is None:
+    if compile_audit.cuobjdump() is None:
         pytest.skip("no cuobjdump (Triton's NVIDIA backend ships one): cannot read spills")
-    code = ("import json; from course_lib.flash import kernel as k, compile_check as c\n"
+    code = ("import json; from course_tools.gpu import compile_audit as c\n"
+            "from course_lib.flash import configs as k\n"
             "print(json.dumps({'limit': k.SM90_SHARED_BYTES, 'combos': [\n"
             "  [n, t, d, len(k.configs_for(n, d, c.DTYPES[t]))]\n"
-            "  for n in c.KERNEL_NAMES for t in c.DTYPES for d in c.HEAD_DIMS]}))")
+            "  for n in c.KERNEL_NAMES for t in c.DTYPES for d in c.HEAD_DIMS],\n"
+            "  'tma': len(c.TMA_DIMS)}))")
     done = _run("import os; os.environ['TRITON_INTERPRET'] = '0'\n" + code, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -54,8 +57,8 @@ def kernel_tables():
 
 @pytest.fixture(scope="module")
 def compiled(kernel_tables):
-    """One row per compiled configuration (see course_lib.flash.compile_check.compile_one)."""
-    done = subprocess.run([sys.executable, "-m", "course_lib.flash.compile_check", "--json",
+    """One row per compiled configuration (see course_tools.gpu.compile_audit.compile_one)."""
+    done = subprocess.run([sys.executable, "-m", "course_tools.gpu.compile_audit", "--json",
                            "--jobs", "2"], capture_output=True, text=True, env=_compiled_env(),
                           cwd=ROOT, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -63,7 +66,8 @@ def compiled(kernel_tables):
 
 
 def _name(row: dict) -> str:
-    return (f"{row['kernel']} {row['dtype']} d={row['d']} causal={row['causal']} "
+    return (f"{row['kernel']}{' tma' if row['tma'] else ''} {row['dtype']} d={row['d']} "
+            f"causal={row['causal']} "
             f"even={row['even']} {row['BLOCK_M']}x{row['BLOCK_N']} w{row['warps']} "
             f"s{row['stages']}")
 
@@ -74,8 +78,17 @@ def test_every_kernel_dtype_and_head_dim_has_configs(kernel_tables, compiled):
     seen = {(r["kernel"], r["dtype"], r["d"], r["causal"], r["even"]) for r in compiled}
     assert seen == {(n, t, d, c, e) for n, t, d in combos for c in (False, True)
                     for e in (True, False)}
-    want = sum(count for *_, count in kernel_tables["combos"]) * 4  # causal or not, ragged or not
+    tma = kernel_tables["tma"] * 4  # the TMA forward's first config per head dim, 4 variants
+    want = sum(count for *_, count in kernel_tables["combos"]) * 4 + tma
     assert len(compiled) == want
+    assert sum(r["tma"] for r in compiled) == tma
+
+
+def test_every_16_bit_config_uses_hoppers_wgmma(compiled):
+    """The fp16/bf16 dots compile to wgmma (warpgroup MMA), not Ampere's mma.sync. (fp32 at
+    d = 128 has dK/dV and dQ tiles of 16 or 32 rows, fewer than a warpgroup's 64: mma.sync.)"""
+    without = [_name(r) for r in compiled if not r["wgmma"] and r["dtype"] != "fp32"]
+    assert not without, "no wgmma in the PTX of:\n" + "\n".join(without)
 
 
 def test_every_config_fits_sm90_shared_memory(kernel_tables, compiled):
@@ -101,8 +114,9 @@ def test_shared_memory_estimate_is_never_below_the_compiled_figure(compiled):
 def test_block_size_assumptions_are_static_asserts(kernel_tables):
     """A forward with BLOCK_M not a multiple of BLOCK_N fails to compile, naming the reason."""
     code = ("import os; os.environ['TRITON_INTERPRET'] = '0'\n"
-            "from course_lib.flash import kernel as k, compile_check as c\n"
-            "case = ('fwd', 'bf16', 64, True, True, (32, 64, 4, 2))\n"
+            "from course_lib.flash import kernel as k\n"
+            "from course_tools.gpu import compile_audit as c\n"
+            "case = ('fwd', 'bf16', 64, True, True, (32, 64, 4, 2), False)\n"
             "try:\n"
             "    c.compile_one(k, case, tool=None)\n"
             "except Exception as e:\n"

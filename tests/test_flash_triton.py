@@ -155,20 +155,106 @@ def test_kernel_runs_a_forced_config_like_the_autotuned_one():
 
 def test_config_tables_are_pruned_by_shared_memory(monkeypatch):
     """The autotuner's candidates: the table's entries that fit the device's shared memory."""
-    kernel = flash.load_kernels()
-    sm90 = kernel.configs_for("fwd", 128, 2)
-    assert sm90 == kernel.CONFIGS["fwd"][(2, 128)] and (128, 128, 8, 3) in sm90
-    small = kernel.configs_for("fwd", 64, 2, shared_limit=99 * 1024)  # an sm_86 GPU
-    assert small == [(128, 64, 4, 3), (64, 64, 4, 3)]
+    from course_lib.flash import configs
+
+    sm90 = configs.configs_for("fwd", 128, 2)
+    assert sm90 == configs.CONFIGS["fwd"][(2, 128)] and (128, 128, 8, 3) in sm90
+    # the forward spans the tutorial's Hopper space: 2, 3 and 4 stages, BLOCK_N 32 to 128
+    for d in (64, 128):
+        table = configs.CONFIGS["fwd"][(2, d)]
+        assert {c[3] for c in table} == {2, 3, 4} and {c[1] for c in table} == {32, 64, 128}
+    small = configs.configs_for("fwd", 64, 2, shared_limit=99 * 1024)  # an sm_86 GPU
+    assert small == [(128, 64, 4, 3), (64, 64, 4, 3), (128, 64, 4, 4), (128, 64, 4, 2),
+                     (128, 32, 4, 3)]
     # nothing in the table fits: the first entry that fits with fewer stages
-    assert kernel.configs_for("fwd", 128, 2, shared_limit=99 * 1024) == [(128, 64, 8, 2)]
-    assert kernel.configs_for("dkdv", 128, 4, shared_limit=1024) == [(16, 32, 4, 2)]  # smallest
+    assert configs.configs_for("fwd", 128, 4, shared_limit=64 * 1024) == [(64, 32, 4, 1)]
+    assert configs.configs_for("dkdv", 128, 4, shared_limit=1024) == [(16, 32, 4, 2)]  # smallest
+    # the TMA forward's barriers: 1 KB more
+    assert configs.shared_bytes_estimate("fwd", 128, 128, 3, 128, 2, tma=True) == \
+        configs.shared_bytes_estimate("fwd", 128, 128, 3, 128, 2) + 1024
     monkeypatch.setenv("COURSE_FLASH_AUTOTUNE", "0")
-    assert kernel.configs_for("dq", 64, 2) == [kernel.CONFIGS["dq"][(2, 64)][0]]
-    for name, tables in kernel.CONFIGS.items():
+    assert configs.configs_for("dq", 64, 2) == [configs.CONFIGS["dq"][(2, 64)][0]]
+    for name, tables in configs.CONFIGS.items():
         for (elem, d), table in tables.items():
             for bm, bn, _, _ in table:  # the diagonal split the kernels static_assert
                 assert (bn % bm if name == "dkdv" else bm % bn) == 0, (name, elem, d, bm, bn)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_tma_forward_matches_the_pointer_forward(dtype):
+    """The tensor-descriptor forward (tma=True) computes what the default one does, ragged and
+    causal included (rows past the end load as zeros and are masked like the pointer loads)."""
+    kernel = flash.load_kernels()
+    for n, causal in ((100, True), (40, False)):
+        q, k, v = (torch.randn(2, n, 32, generator=torch.Generator().manual_seed(i))
+                   .to(DEVICE, dtype) for i in range(3))
+        out, lse2 = kernel.forward(q, k, v, causal, 0.3)
+        out_tma, lse2_tma = kernel.forward(q, k, v, causal, 0.3, tma=True)
+        torch.testing.assert_close(out_tma, out, atol=0, rtol=0)
+        torch.testing.assert_close(lse2_tma, lse2, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="tma=True needs 16-byte aligned rows"):
+        wide = torch.randn(2, 40, 33, device=DEVICE)[..., :32]  # rows of 33 floats: 132 bytes
+        kernel.forward(wide, wide, wide, False, 0.3, tma=True)
+
+
+def test_kernel_wants_unit_stride_along_d_and_takes_any_other_strides():
+    """The kernels index d with no stride: stride(-1) != 1 is refused with a clear message;
+    other strides (a slice of a wider tensor) are used as they are, forward and backward."""
+    kernel = flash.load_kernels()
+    g = torch.Generator().manual_seed(3)
+    wide = [torch.randn(2, 48, 40, generator=g).to(DEVICE) for _ in range(4)]
+    q, k, v, do = (t[:, :40, :16] for t in wide)            # strides (1920, 40, 1)
+    dense = [t.contiguous() for t in (q, k, v, do)]
+    out, lse2 = kernel.forward(q, k, v, True, 0.25)
+    want, want_lse2 = kernel.forward(*dense[:3], True, 0.25)
+    tol = dict(atol=1e-6, rtol=1e-6) if DEVICE == "cpu" else dict(atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(out, want, **tol)
+    for got, exp in zip(kernel.backward(do, q, k, v, out, lse2, True, 0.25),
+                        kernel.backward(dense[3], *dense[:3], want, want_lse2, True, 0.25)):
+        torch.testing.assert_close(got, exp, **tol)
+    transposed = torch.randn(2, 16, 40, device=DEVICE).transpose(1, 2)  # (2, 40, 16), stride 40
+    with pytest.raises(ValueError, match="k3 must have stride 1 along its last dim"):
+        kernel.forward(q, transposed, v, False, 0.25)
+    with pytest.raises(ValueError, match="do3 must have stride 1 along its last dim"):
+        kernel.backward(transposed, q, k, v, out, lse2, False, 0.25)
+
+
+def test_launches_run_on_the_tensors_gpu_not_the_current_one(monkeypatch):
+    """Triton launches on the current CUDA device; the wrappers switch to q's for the launch."""
+    kernel = flash.load_kernels()
+    entered = []
+
+    class Recording:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "device", Recording)
+
+    class OnSecondGpu:
+        is_cuda, device = True, torch.device("cuda", 1)
+
+    with kernel.on_device(OnSecondGpu()):
+        pass
+    assert entered == [torch.device("cuda", 1)]
+    with kernel.on_device(torch.zeros(1)):  # a CPU tensor (the interpreter): nothing to switch
+        pass
+    assert entered == [torch.device("cuda", 1)]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_flash_on_the_second_gpu_while_the_first_is_current():
+    q, k, v = (torch.randn(1, 2, 128, 64, device="cuda:1", dtype=torch.float16) for _ in range(3))
+    with torch.cuda.device(0):
+        out = flash.flash_attention(q, k, v, causal=True)
+    assert out.device == q.device
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               atol=1e-2, rtol=1e-2)
 
 
 def test_clear_error_without_triton(monkeypatch):

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Chapter 08 on a CUDA GPU, in one call that fits a 10-minute command (course_lib/flash/gpu_check.py):
-# machine and versions, SDPA's backend choice, the bf16 matmul rate, bf16 correctness at
-# n = 2k-8k with autotuning on, forward/backward timings against SDPA (default, FlashAttention-2,
-# cuDNN), then the compiled kernel tests last under their own timeout.
+# Chapter 08 on a CUDA GPU, in stages that fit one 10-minute command (course_tools/gpu/check.py):
+# machine and versions, the bf16 matmul rate, every kernel config precompiled in parallel,
+# bf16 correctness (short and ragged, then 2k-8k), timing against SDPA (default,
+# FlashAttention-2, cuDNN), every config forced, then the compiled kernel tests (pytest-xdist).
+# Each stage is a child process with its own time limit; a fault in one does not stop the next.
 #
-#   tools/gpu_check.sh                 # writes under $OUT (default ./bench-results/gpu)
-#   tools/gpu_check.sh --dry-run       # the same flow on a CPU with tiny sizes (under a minute)
-#   PYTHON=/path/to/python BUDGET=300 tools/gpu_check.sh
+#   tools/gpu_check.sh                          # writes under $OUT (default ./bench-results/gpu)
+#   tools/gpu_check.sh --dry-run                # every stage on a CPU, tiny sizes (under a minute)
+#   tools/gpu_check.sh --stages timing,pytest   # re-run some stages (the other rows are kept)
+#   tools/gpu_check.sh --estimate               # the stages, their estimates and limits
+#   PYTHON=/path/to/python tools/gpu_check.sh
 #
+# Uses the machine's own torch and Triton and imports the course from this working tree (no
+# install step). If the machine has no pytest, put a pure-Python copy in .gpu-pydeps/
+# (`pip install --target .gpu-pydeps pytest pytest-xdist`) and carry it; it is found last.
 # Writes, each as soon as it is known:
-#   $OUT/results.jsonl   one JSON object per result (survives a killed run)
-#   $OUT/summary.md      the tables and the targets; written even when the run is stopped
-#   $OUT/pytest.log      the compiled kernel tests' output
+#   $OUT/results.jsonl   one JSON object per result, every row naming its stage
+#   $OUT/summary.md      the tables and the targets; rewritten after every stage
+#   $OUT/logs/STAGE.log  each stage's own output;  $OUT/pytest.log  the kernel tests' tail
 # Paste summary.md's tables, with its machine line, into docs/benchmarks.md.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -25,18 +31,14 @@ if [ -z "${PYTHON:-}" ]; then
     fi
   done
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # course_lib without installing it
-export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"  # Triton 3.9's default, quietly
-case " $* " in
-  *" --dry-run "*) ;;
-  *) unset TRITON_INTERPRET ;;                       # compiled kernels, not the interpreter
-esac
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # course_lib and course_tools, not installed
+if [ -d .gpu-pydeps ]; then export PYTHONPATH="$PYTHONPATH:$PWD/.gpu-pydeps"; fi
 
-# measurements stop starting new steps after BUDGET s; the tests get PYTEST_TIMEOUT s; the whole
-# call is cut at 570 s, inside a 10-minute command (the summary is written on SIGTERM too)
-timeout -k 10 570 "$PYTHON" -m course_lib.flash.gpu_check --out "$OUT" \
-  --budget "${BUDGET:-300}" --pytest-timeout "${PYTEST_TIMEOUT:-150}" "$@" 2>&1 | tee "$OUT/run.log"
+# every stage has its own limit and the check stops starting stages at 560 s; `timeout` is the
+# last resort inside a 10-minute command (the check writes its summary on SIGTERM too)
+timeout -k 10 580 "$PYTHON" -m course_tools.gpu --out "$OUT" --python "$PYTHON" "$@" 2>&1 \
+  | tee "$OUT/run.log"
 status=${PIPESTATUS[0]}
-echo "gpu_check: exit status $status (0 = correctness passed and the kernel tests passed)" \
+echo "gpu_check: exit status $status (0 = every stage finished, every bound and test passed)" \
   | tee -a "$OUT/run.log"
 exit "$status"

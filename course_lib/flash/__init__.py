@@ -7,6 +7,10 @@
     naive_attention(q, k, v, causal=False, scale=None) -> out
         the textbook version that builds the whole score grid, for comparison
 
+The kernel's launch configurations (autotune tables, shared-memory estimate) are in configs.py;
+exercise_kernel.py is the exercise's kernel, bench.py the chapter's benchmark. The GPU check and
+the sm_90 compile audit are authors' tools, in course_tools.gpu.
+
 Triton is imported lazily, on the first call of `flash_attention`. Without a CUDA GPU, importing
 this package sets TRITON_INTERPRET=1 (Triton reads it at its own first import, which other
 libraries may trigger early), so the same kernels run through Triton's interpreter on the CPU;

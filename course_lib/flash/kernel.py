@@ -9,7 +9,14 @@ Layout: every tensor is viewed as (BH, n, d) with the last dim contiguous; the g
 launches hand out the longest blocks first, so the short ones fill the tail of the launch.
 Scores are kept in base 2: with qk_scale = scale·log2(e), exp(scale·s - m) = exp2(qk_scale·s - m'),
 and exp2 is the cheaper instruction on a GPU; qk_scale·s - m' is one fused multiply-add per score.
-The saved statistic LSE2 is the base-2 log-sum-exp of each row's scaled scores.
+qk_scale is multiplied once, on the host, and handed to every kernel. The saved statistic LSE2 is
+the base-2 log-sum-exp of each row's scaled scores.
+
+Two forwards, one kernel: by default each thread loads its share of a tile by address (on Hopper
+Triton pipelines those loads with cp.async); `forward(..., tma=True)` builds tensor descriptors
+instead and lets the copy engine (TMA) fetch whole tiles (the GPU check times one against the
+other). Descriptors made inside a kernel need scratch memory, which `triton.set_allocator` gives.
+Launch configurations and the shared-memory estimate that prunes them are in configs.py.
 
 Precision: fp16 and bf16 dots run on tensor cores with fp32 accumulation. float32 inputs run
 their dots in TF32 on a GPU (Triton's default: 10 mantissa bits, errors of about 1e-3 of the
@@ -18,6 +25,7 @@ values, like torch with allow_tf32=True). Triton's interpreter on a CPU computes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -25,10 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
+from course_lib.flash.configs import SM90_SHARED_BYTES, configs_for, every_config
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634  # log2(e)
 LN2 = 0.6931471805599453    # ln(2)
-SM90_SHARED_BYTES = 232448  # shared memory one block may use on sm_90 (H100/H200): 227 KB
 
 
 # ------------------------------------------------------------------------------------------------
@@ -40,7 +49,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
                     start_m, qk_scale, N_KV,
                     offs_m, offs_n, offs_d,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
-                    EVEN: tl.constexpr, UPCAST: tl.constexpr):
+                    EVEN: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     """One block of queries against the key blocks of one stage.
 
     STAGE 1: causal, key blocks left of the diagonal (no mask); STAGE 2: causal, the diagonal
@@ -48,6 +57,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
     Ragged lengths (not EVEN): the blocks left of the diagonal are whole (they end before this
     query block starts, and n_q == n_kv), so only the diagonal and non-causal stages mask loads;
     on the diagonal the causal mask already hides every key past N_KV from every real query row.
+    TMA: K_base and V_base are tensor descriptors; the copy engine loads whole tiles (rows past
+    N_KV read as 0) instead of each thread computing addresses.
     """
     if STAGE == 1:
         lo, hi = 0, start_m * BLOCK_M
@@ -58,14 +69,18 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n                                              # key positions
-        k_ptrs = K_base + cols[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = V_base + cols[:, None] * stride_vn + offs_d[None, :]
-        if EVEN or STAGE == 1:
-            k = tl.load(k_ptrs)                                              # (BLOCK_N, D)
-            v = tl.load(v_ptrs)
-        else:  # ragged tail: keys past N_KV read as 0 and are masked below
-            k = tl.load(k_ptrs, mask=cols[:, None] < N_KV, other=0.0)
-            v = tl.load(v_ptrs, mask=cols[:, None] < N_KV, other=0.0)
+        if TMA:
+            k = K_base.load([start_n, 0])                                    # (BLOCK_N, D)
+            v = V_base.load([start_n, 0])
+        else:
+            k_ptrs = K_base + cols[:, None] * stride_kn + offs_d[None, :]
+            v_ptrs = V_base + cols[:, None] * stride_vn + offs_d[None, :]
+            if EVEN or STAGE == 1:
+                k = tl.load(k_ptrs)
+                v = tl.load(v_ptrs)
+            else:  # ragged tail: keys past N_KV read as 0 and are masked below
+                k = tl.load(k_ptrs, mask=cols[:, None] < N_KV, other=0.0)
+                v = tl.load(v_ptrs, mask=cols[:, None] < N_KV, other=0.0)
         if UPCAST:  # the interpreter's bf16 dot is wrong: do it in fp32 there
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -93,12 +108,14 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
 
 
 @triton.jit(do_not_specialize=["TUNE_N_Q", "TUNE_N_KV"])
-def _attn_fwd(Q, K, V, Out, LSE2, sm_scale,
+def _attn_fwd(Q, K, V, Out, LSE2, qk_scale,
               stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
               stride_ob, stride_on, N_Q, N_KV, TUNE_N_Q, TUNE_N_KV,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr):
-    # TUNE_N_Q, TUNE_N_KV: N_Q and N_KV rounded up to powers of two, only the autotuner's key
+              CAUSAL: tl.constexpr, EVEN: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+    # qk_scale = scale · log2(e), multiplied once on the host.
+    # TUNE_N_Q, TUNE_N_KV: N_Q and N_KV rounded up to powers of two, only the autotuner's key.
+    # TMA: load Q, K, V through tensor descriptors (Hopper's copy engine) instead of pointers.
     tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16 and HEAD_DIM >= 16, "tl.dot needs 16+")
     tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal: BLOCK_M / BLOCK_N key blocks")
     off_bh = tl.program_id(0).to(tl.int64)           # which (batch, head)
@@ -109,30 +126,38 @@ def _attn_fwd(Q, K, V, Out, LSE2, sm_scale,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + off_bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :]
-    if EVEN:
-        q = tl.load(q_ptrs)                                                  # (BLOCK_M, D)
+    if TMA:  # descriptors of this (batch, head)'s rows; rows past the end read as 0
+        q = tl.make_tensor_descriptor(Q + off_bh * stride_qb, shape=[N_Q, HEAD_DIM],
+                                      strides=[stride_qn, 1], block_shape=[BLOCK_M, HEAD_DIM]
+                                      ).load([start_m * BLOCK_M, 0])        # (BLOCK_M, D)
+        K_base = tl.make_tensor_descriptor(K + off_bh * stride_kb, shape=[N_KV, HEAD_DIM],
+                                           strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        V_base = tl.make_tensor_descriptor(V + off_bh * stride_vb, shape=[N_KV, HEAD_DIM],
+                                           strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
     else:
-        q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
+        q_ptrs = Q + off_bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :]
+        if EVEN:
+            q = tl.load(q_ptrs)                                              # (BLOCK_M, D)
+        else:
+            q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
+        K_base = K + off_bh * stride_kb
+        V_base = V + off_bh * stride_vb
     if UPCAST:
         q = q.to(tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")               # running max
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)                    # running output
-    qk_scale = sm_scale * 1.4426950408889634                                 # scale · log2(e)
-    K_base = K + off_bh * stride_kb
-    V_base = V + off_bh * stride_vb
     if CAUSAL:
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
                                         start_m, qk_scale, N_KV, offs_m, offs_n, offs_d,
-                                        BLOCK_M, BLOCK_N, 1, EVEN, UPCAST)
+                                        BLOCK_M, BLOCK_N, 1, EVEN, UPCAST, TMA)
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
                                         start_m, qk_scale, N_KV, offs_m, offs_n, offs_d,
-                                        BLOCK_M, BLOCK_N, 2, EVEN, UPCAST)
+                                        BLOCK_M, BLOCK_N, 2, EVEN, UPCAST, TMA)
     else:
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
                                         start_m, qk_scale, N_KV, offs_m, offs_n, offs_d,
-                                        BLOCK_M, BLOCK_N, 3, EVEN, UPCAST)
+                                        BLOCK_M, BLOCK_N, 3, EVEN, UPCAST, TMA)
     acc = acc / l_i[:, None]
     lse2 = m_i + tl.math.log2(l_i)                   # base-2 log-sum-exp, saved for backward
     o_ptrs = Out + off_bh * stride_ob + offs_m[:, None] * stride_on + offs_d[None, :]
@@ -206,7 +231,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE2_base, Delta_base,
 
 
 @triton.jit(do_not_specialize=["TUNE_N_Q", "TUNE_N_KV"])
-def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, Delta, sm_scale,
+def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, Delta, sm_scale, qk_scale,
                    stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
                    stride_dob, stride_don, N_Q, N_KV, TUNE_N_Q, TUNE_N_KV,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -231,7 +256,6 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, Delta, sm_scale,
         v = v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
     Q_base = Q + off_bh * stride_qb
     DO_base = DO + off_bh * stride_dob
     LSE2_base = LSE2 + off_bh * N_Q
@@ -299,7 +323,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride
 
 
 @triton.jit(do_not_specialize=["TUNE_N_Q", "TUNE_N_KV"])
-def _attn_bwd_dq(Q, K, V, DO, DQ, LSE2, Delta, sm_scale,
+def _attn_bwd_dq(Q, K, V, DO, DQ, LSE2, Delta, sm_scale, qk_scale,
                  stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
                  stride_dob, stride_don, N_Q, N_KV, TUNE_N_Q, TUNE_N_KV,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -329,7 +353,6 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE2, Delta, sm_scale,
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
     K_base = K + off_bh * stride_kb
     V_base = V + off_bh * stride_vb
     if CAUSAL:
@@ -353,77 +376,9 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE2, Delta, sm_scale,
 
 
 # ------------------------------------------------------------------------------------------------
-# launch configurations. In the interpreter one fixed config (autotuning needs a GPU driver). On
-# CUDA a table per kernel, element size and head dim, pruned before autotuning to the entries
-# whose estimated shared memory fits the device. BLOCK_M must be a multiple of BLOCK_N (forward,
-# dQ) and BLOCK_N of BLOCK_M (dK/dV) so the causal diagonal splits into whole blocks (the kernels
-# assert it).
+# launch configurations: the tables and the shared-memory estimate are in configs.py; here the
+# autotuner that uses them (one fixed config in the interpreter: autotuning needs a GPU driver)
 # ------------------------------------------------------------------------------------------------
-
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), best guess first, per (bytes per element, head dim).
-# Chosen by compiling for sm_90 (`python -m course_lib.flash.compile_check --every`): each fits
-# 227 KB of shared memory and keeps its tiles in registers without spilling, causal or not, and
-# tests/test_flash_compile.py checks that for every entry. float32 needs smaller tiles: its TF32
-# dot operands take twice the registers of bf16 ones; d = 128 backward tiles need 8 warps.
-_SMALL_D = {  # d = 16 and 32
-    "fwd": [(128, 64, 4, 3), (64, 64, 4, 3)],
-    "dkdv": [(32, 128, 8, 3), (32, 64, 4, 3)],
-    "dq": [(128, 32, 4, 3), (64, 32, 4, 3)],
-}
-CONFIGS = {
-    "fwd": {(2, 128): [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
-            (2, 64): [(128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)],
-            (4, 128): [(128, 64, 8, 2), (64, 32, 4, 2)],
-            (4, 64): [(128, 64, 8, 3), (64, 64, 4, 3)]},
-    "dkdv": {(2, 128): [(32, 128, 8, 3), (64, 64, 8, 2), (32, 64, 8, 3)],
-             (2, 64): [(64, 128, 8, 3), (32, 128, 8, 3), (32, 64, 4, 3)],
-             (4, 128): [(32, 32, 4, 2), (16, 32, 4, 2)],
-             (4, 64): [(32, 64, 4, 3), (32, 128, 8, 3)]},
-    "dq": {(2, 128): [(128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
-           (2, 64): [(128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)],
-           (4, 128): [(32, 32, 4, 2), (32, 16, 4, 2)],
-           (4, 64): [(128, 32, 8, 3), (64, 32, 4, 3)]},
-}
-for _kernel, _small in _SMALL_D.items():
-    for _elem in (2, 4):
-        for _d in (16, 32):
-            CONFIGS[_kernel][(_elem, _d)] = _small
-
-
-def shared_bytes_estimate(kernel: str, block_m: int, block_n: int, num_stages: int,
-                          head_dim: int, elem_bytes: int) -> int:
-    """Shared memory Triton gives one block (at least; measured on sm_90): the tiles held for
-    the whole loop plus `num_stages` copies of the tiles the loop streams (software pipelining).
-    """
-    tile_m, tile_n = block_m * head_dim * elem_bytes, block_n * head_dim * elem_bytes
-    if kernel == "fwd":   # Q kept; K and V streamed
-        return tile_m + num_stages * 2 * tile_n
-    if kernel == "dkdv":  # K and V kept; Q, dO, LSE2 and Delta streamed; 1 KB for the masks
-        return 2 * tile_n + num_stages * (2 * tile_m + 8 * block_m) + 1024
-    if kernel == "dq":    # Q and dO kept; K and V streamed
-        return 2 * tile_m + num_stages * 2 * tile_n
-    raise ValueError(f"kernel must be 'fwd', 'dkdv' or 'dq', got {kernel!r}")
-
-
-def configs_for(kernel: str, head_dim: int, elem_bytes: int,
-                shared_limit: int = SM90_SHARED_BYTES) -> list[tuple]:
-    """The table's entries for one head dim and element size whose shared memory fits
-    `shared_limit`. On a GPU with less than sm_90's (none fits): the first entry that fits with
-    fewer pipeline stages, else the smallest one (Triton then reports the shortfall)."""
-    table = CONFIGS[kernel][(elem_bytes, head_dim)]
-
-    def fits(c):
-        return shared_bytes_estimate(kernel, c[0], c[1], c[3], head_dim, elem_bytes) <= shared_limit
-
-    kept = [c for c in table if fits(c)]
-    if not kept:
-        fewer = sorted(((*c[:3], s) for c in table for s in range(c[3] - 1, 0, -1)),
-                       key=lambda c: -c[3])  # as many stages as fit, then the table's order
-        kept = [c for c in fewer if fits(c)][:1] or [min(table, key=lambda c: c[0] * c[1])]
-    if os.environ.get("COURSE_FLASH_AUTOTUNE", "1") == "0":  # tests: one config, fewer compiles
-        kept = kept[:1]
-    return kept
-
 
 @functools.cache
 def _shared_limit(device_index: int) -> int:
@@ -435,7 +390,8 @@ def _pruner(kernel: str):
     def early_config_prune(configs, named_args, **kwargs):
         q = named_args["Q"]
         limit = _shared_limit(q.device.index or 0) if q.is_cuda else SM90_SHARED_BYTES
-        keep = configs_for(kernel, kwargs["HEAD_DIM"], q.element_size(), limit)
+        keep = configs_for(kernel, kwargs["HEAD_DIM"], q.element_size(), limit,
+                           tma=bool(kwargs.get("TMA", False)))
         return _configs(keep)
     return early_config_prune
 
@@ -443,11 +399,6 @@ def _pruner(kernel: str):
 def _configs(entries):
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in entries]
-
-
-def _every(kernel):
-    """Every entry of the kernel's tables once: the autotuner's list, which `_pruner` narrows."""
-    return list(dict.fromkeys(c for table in CONFIGS[kernel].values() for c in table))
 
 
 def _even(args):
@@ -461,8 +412,8 @@ def _tune(fn, kernel, interpreted_config):
     fn = triton.heuristics({"EVEN": _even})(fn)
     if INTERPRET:
         return triton.autotune([triton.Config(interpreted_config)], key=[])(fn)
-    key = ["TUNE_N_Q", "TUNE_N_KV", "HEAD_DIM", "CAUSAL"]
-    return triton.autotune(_configs(_every(kernel)), key=key,
+    key = ["TUNE_N_Q", "TUNE_N_KV", "HEAD_DIM", "CAUSAL"] + (["TMA"] if kernel == "fwd" else [])
+    return triton.autotune(_configs(every_config(kernel)), key=key,
                            prune_configs_by={"early_config_prune": _pruner(kernel)})(fn)
 
 
@@ -486,7 +437,7 @@ def _pow2(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def _check(q3, k3, v3, causal: bool, sm_scale: float) -> None:
+def _check(q3, k3, v3, causal: bool, sm_scale: float, *more) -> None:
     """The kernels' own assumptions, for callers that skip `flash_attention`'s checks."""
     if q3.ndim != 3 or k3.shape != v3.shape or k3.ndim != 3 or q3.shape[::2] != k3.shape[::2]:
         raise ValueError(f"kernel: q3 must be (BH, n_q, d) and k3, v3 (BH, n_kv, d), got "
@@ -498,6 +449,31 @@ def _check(q3, k3, v3, causal: bool, sm_scale: float) -> None:
                          f"k3 {tuple(k3.shape)}")
     if not sm_scale > 0:  # the forward folds the scale into the running max: needs scale > 0
         raise ValueError(f"kernel: sm_scale must be positive, got {sm_scale!r}")
+    for name, t in (("q3", q3), ("k3", k3), ("v3", v3), *more):
+        if t.stride(-1) != 1:  # the kernels step along d with no stride: offs_d, not offs_d * s
+            raise ValueError(f"kernel: {name} must have stride 1 along its last dim, got strides "
+                             f"{t.stride()} (shape {tuple(t.shape)}): pass t.contiguous()")
+        if t.device != q3.device:
+            raise ValueError(f"kernel: {name} is on {t.device} but q3 on {q3.device}: one device")
+
+
+def on_device(t: torch.Tensor):
+    """Launch on `t`'s GPU, not the current one (Triton launches on the current device)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Global memory Triton asks for at launch (the TMA forward builds its descriptors there)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _check_tma(*tensors) -> None:
+    """A tensor descriptor wants a 16-byte aligned base and row stride."""
+    for t in tensors:
+        step = t.element_size()
+        if t.data_ptr() % 16 or any(s * step % 16 for s in t.stride()[:-1]):
+            raise ValueError(f"kernel: tma=True needs 16-byte aligned rows, got strides "
+                             f"{t.stride()} of {t.dtype}: pass contiguous tensors")
 
 
 def _launch(tuned, grid, args, kwargs, config):
@@ -511,43 +487,53 @@ def _launch(tuned, grid, args, kwargs, config):
                        num_stages=stages)
 
 
-def forward(q3, k3, v3, causal: bool, sm_scale: float, config=None):
-    """q3: (BH, n_q, d), k3, v3: (BH, n_kv, d), contiguous. Returns (out, lse2 (BH, n_q) fp32).
-    config: None to autotune, or one (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+def forward(q3, k3, v3, causal: bool, sm_scale: float, config=None, tma: bool = False):
+    """q3: (BH, n_q, d), k3, v3: (BH, n_kv, d), last dim contiguous. Returns (out, lse2 (BH, n_q)
+    fp32). config: None to autotune, or one (BLOCK_M, BLOCK_N, num_warps, num_stages).
+    tma=True: the forward that loads through tensor descriptors (Hopper's TMA), for comparison."""
     _check(q3, k3, v3, causal, sm_scale)
     bh, n_q, d = q3.shape
     n_kv = k3.shape[1]
     out = torch.empty_like(q3)
     lse2 = torch.empty(bh, n_q, device=q3.device, dtype=torch.float32)
+    if tma:
+        _check_tma(q3, k3, v3)
+        if q3.is_cuda:
+            triton.set_allocator(_scratch)
     grid = lambda meta: (bh, triton.cdiv(n_q, meta["BLOCK_M"]))  # noqa: E731
-    _launch(_fwd, grid, (q3, k3, v3, out, lse2, sm_scale,
-                         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-                         v3.stride(0), v3.stride(1), out.stride(0), out.stride(1),
-                         n_q, n_kv, _pow2(n_q), _pow2(n_kv)),
-            dict(HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype)), config)
+    with on_device(q3):
+        _launch(_fwd, grid, (q3, k3, v3, out, lse2, sm_scale * LOG2E,
+                             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+                             v3.stride(0), v3.stride(1), out.stride(0), out.stride(1),
+                             n_q, n_kv, _pow2(n_q), _pow2(n_kv)),
+                dict(HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype), TMA=bool(tma)), config)
     return out, lse2
 
 
 def backward(do3, q3, k3, v3, out, lse2, causal: bool, sm_scale: float, configs=(None, None)):
     """The three backward launches; returns (dq, dk, dv) shaped like q3, k3, v3.
     configs: (dK/dV config, dQ config), each None to autotune (see `forward`)."""
-    _check(q3, k3, v3, causal, sm_scale)
+    # dQ, dK, dV are written with q3's, k3's and v3's strides, LSE2 and Delta read as (BH, n_q):
+    # make those the dense ones (no copy when they already are). Autograd may hand over an
+    # expanded dout (stride 0, from out.sum()), so this comes before the stride check.
+    q3, k3, v3, do3, lse2 = (t.contiguous() for t in (q3, k3, v3, do3, lse2))
+    _check(q3, k3, v3, causal, sm_scale, ("do3", do3), ("out", out))
     bh, n_q, d = q3.shape
     n_kv = k3.shape[1]
-    do3 = do3.contiguous()
     delta = torch.empty_like(lse2)
-    _attn_bwd_preprocess[(bh, triton.cdiv(n_q, _PRE_BLOCK))](
-        out, do3, delta, out.stride(0), out.stride(1), do3.stride(0), do3.stride(1), n_q,
-        HEAD_DIM=d, BLOCK_M=_PRE_BLOCK)
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
-    common = (sm_scale, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+    common = (sm_scale, sm_scale * LOG2E, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
               v3.stride(0), v3.stride(1), do3.stride(0), do3.stride(1), n_q, n_kv,
               _pow2(n_q), _pow2(n_kv))
     meta = dict(HEAD_DIM=d, CAUSAL=causal, UPCAST=_upcast(q3.dtype))
-    _launch(_bwd_dkdv, lambda m: (bh, triton.cdiv(n_kv, m["BLOCK_N"])),
-            (q3, k3, v3, do3, dk, dv, lse2, delta, *common), meta, configs[0])
-    _launch(_bwd_dq, lambda m: (bh, triton.cdiv(n_q, m["BLOCK_M"])),
-            (q3, k3, v3, do3, dq, lse2, delta, *common), meta, configs[1])
+    with on_device(q3):
+        _attn_bwd_preprocess[(bh, triton.cdiv(n_q, _PRE_BLOCK))](
+            out, do3, delta, out.stride(0), out.stride(1), do3.stride(0), do3.stride(1), n_q,
+            HEAD_DIM=d, BLOCK_M=_PRE_BLOCK)
+        _launch(_bwd_dkdv, lambda m: (bh, triton.cdiv(n_kv, m["BLOCK_N"])),
+                (q3, k3, v3, do3, dk, dv, lse2, delta, *common), meta, configs[0])
+        _launch(_bwd_dq, lambda m: (bh, triton.cdiv(n_q, m["BLOCK_M"])),
+                (q3, k3, v3, do3, dq, lse2, delta, *common), meta, configs[1])
     return dq, dk, dv
 
 

@@ -6,9 +6,13 @@ target=GPUTarget("cuda", 90, 32))` gives a cubin for sm_90 (H100/H200) and its m
 cubin's registers and stack frame, and a stack frame in these kernels (they keep no local arrays)
 means ptxas spilled registers to memory.
 
-    python -m course_lib.flash.compile_check            # every autotune config, a table
-    python -m course_lib.flash.compile_check --json     # the same rows as JSON lines
+    python -m course_tools.gpu.compile_audit            # every autotune config, a table
+    python -m course_tools.gpu.compile_audit --json     # the same rows as JSON lines
+    python -m course_tools.gpu.compile_audit --tma all  # also the TMA forward, every config
 
+The forward is audited in both its variants: pointer loads (cp.async pipelining, the default)
+and tensor descriptors (`tma=True`, Hopper's copy engine); `--tma first` (the default) compiles
+the TMA one for the first bf16 config of each head dim only, `--tma all` for every config.
 It must run in a process that has not imported Triton in interpreter mode: main() sets
 TRITON_INTERPRET=0 before importing the kernels. tests/test_flash_compile.py runs it.
 """
@@ -27,35 +31,41 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from course_lib.flash.configs import CONFIGS, KERNEL_NAMES, configs_for, shared_bytes_estimate
+
 DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}   # Triton's name -> bytes per element
 HEAD_DIMS = (16, 32, 64, 128)
-KERNEL_NAMES = ("fwd", "dkdv", "dq")
+TMA_DIMS = (64, 128)                          # the TMA forward is audited in bf16 at these
 POINTERS = {"fwd": ("Q", "K", "V", "Out"), "dkdv": ("Q", "K", "V", "DO", "DK", "DV"),
             "dq": ("Q", "K", "V", "DO", "DQ")}   # the rest (LSE2, Delta) are fp32
 
 
-def cases(kernel_module, every: bool = False, kernels=KERNEL_NAMES, dtypes=tuple(DTYPES),
-          dims=HEAD_DIMS, evens=(True, False)):
-    """(kernel, dtype, d, causal, even, (BLOCK_M, BLOCK_N, warps, stages)) for every config the
-    autotuner may try on sm_90 (`every=True`: every entry of every table, for exploring). even=False
-    is the variant for lengths that are not a multiple of the blocks (masked loads)."""
+def cases(every: bool = False, kernels=KERNEL_NAMES, dtypes=tuple(DTYPES), dims=HEAD_DIMS,
+          evens=(True, False), tma: str = "first"):
+    """(kernel, dtype, d, causal, even, (BLOCK_M, BLOCK_N, warps, stages), tma) for every config
+    the autotuner may try on sm_90 (`every=True`: every entry of every table, for exploring).
+    even=False is the variant for lengths that are not a multiple of the blocks (masked loads).
+    tma: "none", "first" (the TMA forward's first bf16 config at d = 64, 128) or "all"."""
     for name, dtype, d in itertools.product(kernels, dtypes, dims):
         if every:
-            tables = kernel_module.CONFIGS[name].values()
-            configs = list(dict.fromkeys(c for table in tables for c in table))
+            configs = list(dict.fromkeys(c for table in CONFIGS[name].values() for c in table))
         else:
-            configs = kernel_module.configs_for(name, d, DTYPES[dtype])
-        for causal, even, config in itertools.product((False, True), evens, configs):
-            yield name, dtype, d, causal, even, config
+            configs = configs_for(name, d, DTYPES[dtype])
+        variants = [(c, False) for c in configs]
+        if name == "fwd" and dtype == "bf16" and d in TMA_DIMS and tma != "none":
+            fit = configs if every else configs_for(name, d, DTYPES[dtype], tma=True)
+            variants += [(c, True) for c in (fit if tma == "all" else fit[:1])]
+        for causal, even, (config, on) in itertools.product((False, True), evens, variants):
+            yield name, dtype, d, causal, even, config, on
 
 
-def _source(kernel_module, name, dtype, d, causal, even, config):
+def _source(kernel_module, name, dtype, d, causal, even, config, tma=False):
     import triton
 
     fn = kernel_module.KERNELS[name]
     block_m, block_n, _, _ = config
     constexprs = {"HEAD_DIM": d, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": causal,
-                  "EVEN": even, "UPCAST": False}
+                  "EVEN": even, "UPCAST": False, "TMA": tma}
     signature, attrs = {}, {}
     for i, arg in enumerate(fn.arg_names):
         if arg in constexprs:
@@ -65,16 +75,17 @@ def _source(kernel_module, name, dtype, d, causal, even, config):
             signature[arg] = f"*{dtype}"
         elif arg in ("LSE2", "Delta"):
             signature[arg] = "*fp32"
-        elif arg == "sm_scale":
+        elif arg in ("sm_scale", "qk_scale"):
             signature[arg] = "fp32"
         else:
             signature[arg] = "i32"
         # what the launcher sees at a real size: 16-byte aligned pointers, strides that are
         # multiples of 16 elements; lengths too when every block is whole (EVEN)
-        aligned = (arg not in ("sm_scale", "TUNE_N_Q", "TUNE_N_KV")
+        aligned = (arg not in ("sm_scale", "qk_scale", "TUNE_N_Q", "TUNE_N_KV")
                    and (even or arg not in ("N_Q", "N_KV")))
         if aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
     return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
                                      attrs=attrs)
 
@@ -112,16 +123,18 @@ def compile_one(kernel_module, case, arch: int = 90, tool: str | None = None) ->
     import triton
     from triton.backends.compiler import GPUTarget
 
-    name, dtype, d, causal, even, config = case
+    name, dtype, d, causal, even, config, *tma = case
     block_m, block_n, warps, stages = config
     start = time.perf_counter()
     compiled = triton.compile(_source(kernel_module, *case), target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": warps, "num_stages": stages})
     row = {"kernel": name, "dtype": dtype, "d": d, "causal": causal, "even": even,
+           "tma": bool(tma and tma[0]),
            "BLOCK_M": block_m, "BLOCK_N": block_n, "warps": warps, "stages": stages,
            "shared": int(compiled.metadata.shared),
-           "shared_estimate": kernel_module.shared_bytes_estimate(name, block_m, block_n, stages,
-                                                                  d, DTYPES[dtype])}
+           "shared_estimate": shared_bytes_estimate(name, block_m, block_n, stages, d,
+                                                    DTYPES[dtype], bool(tma and tma[0])),
+           "wgmma": "wgmma" in compiled.asm.get("ptx", ""), "triton": triton.__version__}
     if tool is not None:
         row.update(resource_usage(compiled.asm["cubin"], tool))
     row["seconds"] = round(time.perf_counter() - start, 2)
@@ -134,10 +147,10 @@ def compile_all(every: bool = False, jobs: int = 2, arch: int = 90, progress=Non
     from course_lib.flash import kernel as kernel_module
 
     if kernel_module.INTERPRET:
-        raise RuntimeError("compile_check: Triton is in interpreter mode in this process; run "
-                           "`python -m course_lib.flash.compile_check` (sets TRITON_INTERPRET=0)")
+        raise RuntimeError("compile_audit: Triton is in interpreter mode in this process; run "
+                           "`python -m course_tools.gpu.compile_audit` (sets TRITON_INTERPRET=0)")
     tool = cuobjdump()
-    todo = list(cases(kernel_module, every, **which))
+    todo = list(cases(every, **which))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(compile_one, kernel_module, case, arch, tool) for case in todo]
         rows = []
@@ -150,11 +163,12 @@ def compile_all(every: bool = False, jobs: int = 2, arch: int = 90, progress=Non
 
 def _line(row: dict) -> str:
     spill = row.get("stack", "?")
-    return (f"{row['kernel']:4} {row['dtype']} d={row['d']:<3} causal={row['causal']!s:5} "
+    kernel = row["kernel"] + (" tma" if row.get("tma") else "")
+    return (f"{kernel:8} {row['dtype']} d={row['d']:<3} causal={row['causal']!s:5} "
             f"even={row['even']!s:5} {row['BLOCK_M']:>3}x{row['BLOCK_N']:<3} w{row['warps']} "
             f"s{row['stages']}  shared {row['shared']:>6} (est {row['shared_estimate']:>6})  "
             f"regs {row.get('regs', '?'):>3}  "
-            f"spill {spill:>4}  {row['seconds']:.1f}s")
+            f"spill {spill:>4}  wgmma {'yes' if row['wgmma'] else 'no'}  {row['seconds']:.1f}s")
 
 
 def main(argv=None) -> int:
@@ -167,6 +181,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", nargs="+", default=list(KERNEL_NAMES), choices=KERNEL_NAMES)
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--dims", nargs="+", type=int, default=list(HEAD_DIMS))
+    parser.add_argument("--tma", choices=("none", "first", "all"), default="first",
+                        help="which configs of the TMA forward to compile (bf16, d = 64, 128)")
     parser.add_argument("--even-only", action="store_true",
                         help="skip the variant for lengths that are not a multiple of the blocks")
     args = parser.parse_args(argv)
@@ -178,7 +194,7 @@ def main(argv=None) -> int:
         (lambda r: print(_line(r), flush=True))
     rows = compile_all(every=args.every, jobs=args.jobs, arch=args.arch, progress=emit,
                        kernels=args.kernels, dtypes=args.dtypes, dims=args.dims,
-                       evens=(True,) if args.even_only else (True, False))
+                       evens=(True,) if args.even_only else (True, False), tma=args.tma)
     if not args.json:
         print(f"{len(rows)} compiles for sm_{args.arch} in {time.perf_counter() - start:.1f} s")
     return 0
