@@ -6,9 +6,24 @@ one-line success or raising `CheckFailure` (an AssertionError, so graders count 
 test) whose message names the mistake. A checker never crashes on a wrong answer: None, NumPy
 instead of torch, a wrong shape, NaN, or an exception inside the learner's function all become
 feedback. `hint(exercise, tier)` prints the hints, one tier at a time; `get(id)` finds a Check.
+
+The grading protocol, public because the grader (`course_tools.grader`) speaks it from another
+package and imports nothing else of this one:
+
+* `encode(cases)`: a Check's cases as data only, what the grader saves for the kernel
+  (`torch.save`);
+* `probe(check_id, inputs_path, outputs_path, *learner_objs)`: the kernel's side, run in ONE
+  generated cell per check call: apply the learner's objects to the saved cases and save the
+  outcomes, plus a tampering report beside them;
+* `load_outcomes(outputs_path)` and `load_tampered(outputs_path)`: the grader reads both back as
+  plain data (`weights_only`, size limits), or raises `OutcomeError` for a file it refuses;
+* `CheckFailure` / `ReferenceCall` (a failure that called the course's own reference): what a
+  Check's `judge` raises, which the grader turns into feedback or a flag.
 """
 
-from course_lib.checks._core import CheckFailure
-from course_lib.checks._protocol import Check, get, hint
+from course_lib.checks._core import CheckFailure, ReferenceCall
+from course_lib.checks._probe import load_tampered, probe
+from course_lib.checks._protocol import Check, OutcomeError, encode, get, hint, load_outcomes
 
-__all__ = ["Check", "CheckFailure", "get", "hint"]
+__all__ = ["Check", "CheckFailure", "OutcomeError", "ReferenceCall", "encode", "get", "hint",
+           "load_outcomes", "load_tampered", "probe"]

@@ -65,8 +65,9 @@ def _no_delta(case) -> tuple:
 
 @function_check(7, run=_run, cases=_cases,
                 forbid=((F, "scaled_dot_product_attention"), (torch.autograd, "grad"),
-            (torch.Tensor, "backward"), (torch.autograd, "backward"),
-            (flash, "tiled_attention"), (flash, "flash_attention"), (tiled, "tiled_attention")))
+                        (torch.Tensor, "backward"), (torch.autograd, "backward"),
+                        (flash, "tiled_attention"), (flash, "flash_attention"),
+                        (tiled, "tiled_attention")))
 def flash_backward(cases: list, outcomes: list) -> str:
     peak = None
     for case, got in each(cases, outcomes):

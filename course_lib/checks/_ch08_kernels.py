@@ -187,7 +187,7 @@ def _softmax_run(kernel, fn, x):
 
 @function_check(6, run=_softmax_run, cases=_softmax_cases,
                 forbid=((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
-            (torch, "log_softmax"), (F, "log_softmax")))
+                        (torch, "log_softmax"), (F, "log_softmax")))
 def row_softmax(cases: list, outcomes: list) -> str:
     for x, got in each(cases, outcomes):
         if _no_triton(got):

@@ -207,7 +207,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @function_check(5, args=("q", "k", "v"), cases=_causal_attention_cases,
                 forbid=((masks, "causal_mask"), (attention, "scaled_dot_product_attention"),
-            (torch.nn.functional, "scaled_dot_product_attention")))
+                        (torch.nn.functional, "scaled_dot_product_attention")))
 def causal_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         q, k, v = case["q"], case["k"], case["v"]

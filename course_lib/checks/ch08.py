@@ -136,7 +136,8 @@ def _tiled_run(fn, case):
 
 @function_check(2, run=_tiled_run, cases=_tiled_cases,
                 forbid=((F, "scaled_dot_product_attention"), (flash, "tiled_attention"),
-            (flash, "naive_attention"), (tiled, "tiled_attention"), (tiled, "naive_attention")))
+                        (flash, "naive_attention"), (tiled, "tiled_attention"),
+                        (tiled, "naive_attention")))
 def causal_tiled(cases: list, outcomes: list) -> str:
     peak = flops = None
     for case, got in each(cases, outcomes):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import course_lib.attention as attention
 import course_lib.linear_attention as linear
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import function_check, value, value_check
 from course_lib.checks._values import read_several
 from course_lib.cost import crossover_length
@@ -37,11 +37,7 @@ def _gqa_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _gqa_run(fn, case):
-    return call(fn, case["q"], case["k"], case["v"], name="grouped_query_attention")
-
-
-@function_check(1, run=_gqa_run, grade="gqa", cases=_gqa_cases, forbid=(
+@function_check(1, args=("q", "k", "v"), grade="gqa", cases=_gqa_cases, forbid=(
     (attention, "grouped_query_attention"), (F, "scaled_dot_product_attention")))
 def grouped_query_attention(cases: list, outcomes: list) -> str:
     for case, outcome in zip(cases, outcomes):
@@ -85,11 +81,7 @@ def _recurrence_cases(seed: int, hidden: bool) -> list:
              "v": torch.randn(n, d_v, generator=g, dtype=torch.float64)} for n, d, d_v in sizes]
 
 
-def _recurrence_run(fn, case):
-    return call(fn, case["q"], case["k"], case["v"], name="linear_recurrence")
-
-
-@function_check(2, run=_recurrence_run, grade="recurrence", cases=_recurrence_cases,
+@function_check(2, args=("q", "k", "v"), grade="recurrence", cases=_recurrence_cases,
                 forbid=((linear, "linear_attention"), (linear, "linear_attention_recurrent")))
 def linear_recurrence(cases: list, outcomes: list) -> str:
     for case, outcome in zip(cases, outcomes):

@@ -56,11 +56,6 @@ def _block_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _block_run(fn, case):
-    return call(fn, case["x"], case["params"], case["num_heads"], case["mask"],
-                name="transformer_block")
-
-
 def _variant(x, p, heads, mask, *, kind="right"):
     """The block, or one of the usual wrong versions of it (float64, for the judge)."""
     d = x.shape[-1]
@@ -113,10 +108,10 @@ _BLOCK_MISTAKES = {
 }
 
 
-@function_check(1, run=_block_run, grade="block", cases=_block_cases,
+@function_check(1, args=("x", "params", "num_heads", "mask"), grade="block", cases=_block_cases,
                 forbid=((block_module, "TransformerBlock"), (multihead, "MultiHeadAttention"),
-            (nn, "TransformerEncoderLayer"), (nn, "MultiheadAttention"),
-            (F, "multi_head_attention_forward")))
+                        (nn, "TransformerEncoderLayer"), (nn, "MultiheadAttention"),
+                        (F, "multi_head_attention_forward")))
 def transformer_block(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         x, p, heads, mask = case["x"], case["params"], case["num_heads"], case["mask"]
