@@ -85,6 +85,13 @@ def to_tensor(value: Any, what: str, *, dtype: torch.dtype | None = None) -> tor
     return t.to(dtype) if dtype is not None else t
 
 
+def matches(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-8, rtol: float = 1e-6,
+            equal_nan: bool = False) -> bool:
+    """got has want's shape and its values to within atol + rtol·|want| (a judge's `is close`)."""
+    return got.shape == want.shape and bool(torch.allclose(got, want, atol=atol, rtol=rtol,
+                                                           equal_nan=equal_nan))
+
+
 def expect_pair(result: Any, name: str, parts: str, n: int = 2) -> Any:
     """The learner's tuple of `n` results (a pair by default), or feedback naming its `parts`."""
     kind = {2: "pair", 3: "triple"}.get(n, f"tuple of {n}")

@@ -402,7 +402,6 @@ def hint(exercise: str, tier: int = 1) -> None:
         print(f'Next: check.hint("{check.hint_key}", {tier + 1})')
 
 
-
 def _class_members(*modules) -> dict[str, Any]:
     return {f"{m.__name__}.{class_name}.{name}": member
             for m in modules for class_name, klass in vars(m).items()

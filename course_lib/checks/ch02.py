@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,7 @@ import course_lib.attention as attention
 from course_lib.attention import scaled_dot_product_attention as _reference_attention
 from course_lib.attention import softmax as _reference_softmax
 from course_lib.checks._cases import generator, randn
-from course_lib.checks._core import expect_close, expect_pair, fail, to_tensor
+from course_lib.checks._core import expect_close, expect_pair, fail, matches, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_choice, read_numbers
 
@@ -23,8 +24,7 @@ SOLUTION = "solutions/02_queries_keys_values.ipynb"
 _SDPA = ((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention"))
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-6, rtol=1e-5))
+_close = partial(matches, atol=1e-6, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- exercise 1

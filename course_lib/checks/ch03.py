@@ -10,7 +10,7 @@ import torch
 
 from course_lib.attention import softmax as _softmax
 from course_lib.checks._cases import generator
-from course_lib.checks._core import expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import expect_close, expect_shape, fail, matches, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_numbers
 
@@ -28,10 +28,6 @@ def _number(got, what: str) -> float:
     if not math.isfinite(x):
         fail(f"{what} is {x}, not a finite number.")
     return x
-
-
-def _allclose(a, b) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-8, rtol=1e-6))
 
 
 # ---------------------------------------------------------------- exercise 1
@@ -118,9 +114,9 @@ def entropy(cases: list, outcomes: list) -> str:
         if not torch.isfinite(t).all() and (weights == 0).any():
             fail("entropy gives NaN for a row with exact zeros: 0 · log 0 is NaN in floating "
                  "point but 0 in the formula. Make zero weights contribute exactly 0.")
-        if _allclose(t, -want) and want.abs().max() > 0:
+        if matches(t, -want) and want.abs().max() > 0:
             fail("your entropies are negative: H = -Σ w log w, with a minus sign.")
-        if _allclose(t, want / math.log(2)) and want.abs().max() > 0:
+        if matches(t, want / math.log(2)) and want.abs().max() > 0:
             fail("your entropy is in bits (log2); use the natural log (nats) as the chapter does.")
         expect_close(t, want, "entropy(weights)", atol=1e-8, rtol=1e-6,
                      hint="H = -Σ_j w_j log w_j over the last axis; uniform over n keys gives "
@@ -151,11 +147,11 @@ def softmax_jacobian(cases: list, outcomes: list) -> str:
         t = to_tensor(got, "softmax_jacobian(scores)", dtype=torch.float64)
         expect_shape(t, (n, n), "softmax_jacobian(scores)",
                      "The Jacobian has one row per output weight and one column per score.")
-        if not _allclose(want, torch.zeros_like(want)):
-            if _allclose(t, -torch.outer(p, p)):
+        if not matches(want, torch.zeros_like(want)):
+            if matches(t, -torch.outer(p, p)):
                 fail("you have only the -p_i p_j part: the diagonal also gets +p_i "
                      "(∂p_i/∂s_i = p_i - p_i²).")
-            if _allclose(t, torch.diag(p)):
+            if matches(t, torch.diag(p)):
                 fail("you have only the diagonal: every weight also depends on every other score "
                      "through the normalising sum, giving -p_i p_j off the diagonal.")
         expect_close(t, want, "softmax_jacobian(scores)", atol=1e-9, rtol=1e-7,

@@ -4,6 +4,7 @@ masked softmax that gives exact zeros and no NaN."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
@@ -11,7 +12,15 @@ import course_lib.attention as attention
 import course_lib.masks as masks
 from course_lib.attention import softmax as _softmax
 from course_lib.checks._cases import generator
-from course_lib.checks._core import call, expect_close, expect_pair, expect_shape, fail, to_tensor
+from course_lib.checks._core import (
+    call,
+    expect_close,
+    expect_pair,
+    expect_shape,
+    fail,
+    matches,
+    to_tensor,
+)
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_numbers
 
@@ -200,9 +209,7 @@ def _causal_attention_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-7, rtol=1e-6,
-                                                      equal_nan=True))
+_same = partial(matches, atol=1e-7, rtol=1e-6, equal_nan=True)
 
 
 @function_check(5, args=("q", "k", "v"), cases=_causal_attention_cases,

@@ -5,13 +5,14 @@ cached decoding step and the KV cache's size in bytes (build)."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
 import course_lib.position as position
 from course_lib.attention import scaled_dot_product_attention as _sdpa
 from course_lib.checks._cases import generator
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import call, expect_close, expect_shape, fail, matches, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_bool, read_number
 from course_lib.position import apply_rope as _rope
@@ -22,8 +23,7 @@ __all__ = ["causal_is_blind", "causal_gap", "apply_rope", "cached_attention_step
 SOLUTION = "solutions/07_order_and_memory.ipynb"
 
 
-def _same(t: torch.Tensor, want: torch.Tensor, atol: float = 1e-5) -> bool:
-    return t.shape == want.shape and bool(torch.allclose(t, want, atol=atol, rtol=1e-4))
+_same = partial(matches, atol=1e-5, rtol=1e-4)
 
 
 # ---------------------------------------------------------------- exercises 1 and 2
