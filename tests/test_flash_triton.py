@@ -215,8 +215,13 @@ def test_kernel_wants_unit_stride_along_d_and_takes_any_other_strides():
     transposed = torch.randn(2, 16, 40, device=DEVICE).transpose(1, 2)  # (2, 40, 16), stride 40
     with pytest.raises(ValueError, match="k3 must have stride 1 along its last dim"):
         kernel.forward(q, transposed, v, False, 0.25)
-    with pytest.raises(ValueError, match="do3 must have stride 1 along its last dim"):
-        kernel.backward(transposed, q, k, v, out, lse2, False, 0.25)
+    with pytest.raises(ValueError, match="out must have stride 1 along its last dim"):
+        kernel.backward(do, q, k, v, transposed, lse2, False, 0.25)
+    # dO comes from autograd, which may hand over any strides (an expanded one from out.sum()):
+    # the backward makes it dense itself
+    for got, exp in zip(kernel.backward(transposed, q, k, v, out, lse2, True, 0.25),
+                        kernel.backward(transposed.contiguous(), q, k, v, out, lse2, True, 0.25)):
+        torch.testing.assert_close(got, exp, atol=0, rtol=0)
 
 
 def test_launches_run_on_the_tensors_gpu_not_the_current_one(monkeypatch):

@@ -45,11 +45,23 @@ LN2 = 0.6931471805599453    # ln(2)
 # ------------------------------------------------------------------------------------------------
 
 @triton.jit
+def _stage_range(start_m, N_KV, BLOCK_M: tl.constexpr, STAGE: tl.constexpr):
+    """The key positions [lo, hi) one query block visits in one stage (see _attn_fwd_inner)."""
+    if STAGE == 1:
+        lo, hi = 0, start_m * BLOCK_M
+    elif STAGE == 2:
+        lo, hi = start_m * BLOCK_M, (start_m + 1) * BLOCK_M
+    else:
+        lo, hi = 0, N_KV
+    return lo, hi
+
+
+@triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
                     start_m, qk_scale, N_KV,
                     offs_m, offs_n, offs_d,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
-                    EVEN: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+                    EVEN: tl.constexpr, UPCAST: tl.constexpr):
     """One block of queries against the key blocks of one stage.
 
     STAGE 1: causal, key blocks left of the diagonal (no mask); STAGE 2: causal, the diagonal
@@ -57,30 +69,19 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
     Ragged lengths (not EVEN): the blocks left of the diagonal are whole (they end before this
     query block starts, and n_q == n_kv), so only the diagonal and non-causal stages mask loads;
     on the diagonal the causal mask already hides every key past N_KV from every real query row.
-    TMA: K_base and V_base are tensor descriptors; the copy engine loads whole tiles (rows past
-    N_KV read as 0) instead of each thread computing addresses.
     """
-    if STAGE == 1:
-        lo, hi = 0, start_m * BLOCK_M
-    elif STAGE == 2:
-        lo, hi = start_m * BLOCK_M, (start_m + 1) * BLOCK_M
-    else:
-        lo, hi = 0, N_KV
+    lo, hi = _stage_range(start_m, N_KV, BLOCK_M, STAGE)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n                                              # key positions
-        if TMA:
-            k = K_base.load([start_n, 0])                                    # (BLOCK_N, D)
-            v = V_base.load([start_n, 0])
-        else:
-            k_ptrs = K_base + cols[:, None] * stride_kn + offs_d[None, :]
-            v_ptrs = V_base + cols[:, None] * stride_vn + offs_d[None, :]
-            if EVEN or STAGE == 1:
-                k = tl.load(k_ptrs)
-                v = tl.load(v_ptrs)
-            else:  # ragged tail: keys past N_KV read as 0 and are masked below
-                k = tl.load(k_ptrs, mask=cols[:, None] < N_KV, other=0.0)
-                v = tl.load(v_ptrs, mask=cols[:, None] < N_KV, other=0.0)
+        k_ptrs = K_base + cols[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = V_base + cols[:, None] * stride_vn + offs_d[None, :]
+        if EVEN or STAGE == 1:
+            k = tl.load(k_ptrs)                                              # (BLOCK_N, D)
+            v = tl.load(v_ptrs)
+        else:  # ragged tail: keys past N_KV read as 0 and are masked below
+            k = tl.load(k_ptrs, mask=cols[:, None] < N_KV, other=0.0)
+            v = tl.load(v_ptrs, mask=cols[:, None] < N_KV, other=0.0)
         if UPCAST:  # the interpreter's bf16 dot is wrong: do it in fp32 there
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -107,6 +108,36 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
     return acc, l_i, m_i
 
 
+@triton.jit
+def _attn_fwd_inner_tma(acc, l_i, m_i, q, K_desc, V_desc, start_m, qk_scale, N_KV, offs_m, offs_n,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
+                        EVEN: tl.constexpr, UPCAST: tl.constexpr):
+    """_attn_fwd_inner with K and V read through tensor descriptors: the copy engine (TMA) loads
+    whole tiles, rows past N_KV as 0, instead of each thread computing addresses. The masks and
+    the online-softmax update are _attn_fwd_inner's."""
+    lo, hi = _stage_range(start_m, N_KV, BLOCK_M, STAGE)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k = K_desc.load([start_n, 0])                                        # (BLOCK_N, D)
+        v = V_desc.load([start_n, 0])
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k))
+        if STAGE == 2:
+            qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
+        if STAGE == 3 and not EVEN:
+            qk = tl.where(cols[None, :] < N_KV, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
 @triton.jit(do_not_specialize=["TUNE_N_Q", "TUNE_N_KV"])
 def _attn_fwd(Q, K, V, Out, LSE2, qk_scale,
               stride_qb, stride_qn, stride_kb, stride_kn, stride_vb, stride_vn,
@@ -126,38 +157,51 @@ def _attn_fwd(Q, K, V, Out, LSE2, qk_scale,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")               # running max
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)                    # running output
     if TMA:  # descriptors of this (batch, head)'s rows; rows past the end read as 0
         q = tl.make_tensor_descriptor(Q + off_bh * stride_qb, shape=[N_Q, HEAD_DIM],
                                       strides=[stride_qn, 1], block_shape=[BLOCK_M, HEAD_DIM]
                                       ).load([start_m * BLOCK_M, 0])        # (BLOCK_M, D)
-        K_base = tl.make_tensor_descriptor(K + off_bh * stride_kb, shape=[N_KV, HEAD_DIM],
+        if UPCAST:
+            q = q.to(tl.float32)
+        K_desc = tl.make_tensor_descriptor(K + off_bh * stride_kb, shape=[N_KV, HEAD_DIM],
                                            strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-        V_base = tl.make_tensor_descriptor(V + off_bh * stride_vb, shape=[N_KV, HEAD_DIM],
+        V_desc = tl.make_tensor_descriptor(V + off_bh * stride_vb, shape=[N_KV, HEAD_DIM],
                                            strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        if CAUSAL:
+            acc, l_i, m_i = _attn_fwd_inner_tma(acc, l_i, m_i, q, K_desc, V_desc, start_m,
+                                                qk_scale, N_KV, offs_m, offs_n, BLOCK_M, BLOCK_N,
+                                                1, EVEN, UPCAST)
+            acc, l_i, m_i = _attn_fwd_inner_tma(acc, l_i, m_i, q, K_desc, V_desc, start_m,
+                                                qk_scale, N_KV, offs_m, offs_n, BLOCK_M, BLOCK_N,
+                                                2, EVEN, UPCAST)
+        else:
+            acc, l_i, m_i = _attn_fwd_inner_tma(acc, l_i, m_i, q, K_desc, V_desc, start_m,
+                                                qk_scale, N_KV, offs_m, offs_n, BLOCK_M, BLOCK_N,
+                                                3, EVEN, UPCAST)
     else:
         q_ptrs = Q + off_bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :]
         if EVEN:
             q = tl.load(q_ptrs)                                              # (BLOCK_M, D)
         else:
             q = tl.load(q_ptrs, mask=offs_m[:, None] < N_Q, other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
         K_base = K + off_bh * stride_kb
         V_base = V + off_bh * stride_vb
-    if UPCAST:
-        q = q.to(tl.float32)
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")               # running max
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)                    # running output
-    if CAUSAL:
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
-                                        start_m, qk_scale, N_KV, offs_m, offs_n, offs_d,
-                                        BLOCK_M, BLOCK_N, 1, EVEN, UPCAST, TMA)
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
-                                        start_m, qk_scale, N_KV, offs_m, offs_n, offs_d,
-                                        BLOCK_M, BLOCK_N, 2, EVEN, UPCAST, TMA)
-    else:
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
-                                        start_m, qk_scale, N_KV, offs_m, offs_n, offs_d,
-                                        BLOCK_M, BLOCK_N, 3, EVEN, UPCAST, TMA)
+        if CAUSAL:
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn,
+                                            stride_vn, start_m, qk_scale, N_KV, offs_m, offs_n,
+                                            offs_d, BLOCK_M, BLOCK_N, 1, EVEN, UPCAST)
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn,
+                                            stride_vn, start_m, qk_scale, N_KV, offs_m, offs_n,
+                                            offs_d, BLOCK_M, BLOCK_N, 2, EVEN, UPCAST)
+        else:
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn,
+                                            stride_vn, start_m, qk_scale, N_KV, offs_m, offs_n,
+                                            offs_d, BLOCK_M, BLOCK_N, 3, EVEN, UPCAST)
     acc = acc / l_i[:, None]
     lse2 = m_i + tl.math.log2(l_i)                   # base-2 log-sum-exp, saved for backward
     o_ptrs = Out + off_bh * stride_ob + offs_m[:, None] * stride_on + offs_d[None, :]
