@@ -1,6 +1,6 @@
 """Chapter 06's capacity sweep: seeded, complete, and recorded by the command that writes it."""
 
-import importlib.util
+import json
 
 import pytest
 
@@ -32,14 +32,12 @@ def test_the_longer_runs_help_but_keep_the_order():
     assert LONGER[0]["accuracy"] > LONGER[1]["accuracy"]  # n = 8 still above n = 16
 
 
-def test_the_command_writes_an_importable_record(tmp_path):
-    out = tmp_path / "results.py"
+def test_the_command_writes_the_record(tmp_path):
+    out = tmp_path / "results.json"
     capacity.main(["--steps", "1", "--out", str(out)])
-    spec = importlib.util.spec_from_file_location("results", out)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert len(module.RESULTS) == len(capacity.NS) * len(capacity.HIDDEN_SIZES)
-    assert [r["steps"] for r in module.LONGER] == [3] * len(capacity.LONGER_CELLS)
+    record = json.loads(out.read_text())
+    assert len(record["results"]) == len(capacity.NS) * len(capacity.HIDDEN_SIZES)
+    assert [r["steps"] for r in record["longer"]] == [3] * len(capacity.LONGER_CELLS)
 
 
 def test_bad_input():

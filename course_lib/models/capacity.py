@@ -8,7 +8,7 @@ crowd each other out.
 
 Two of its cells are also trained three times longer (`LONGER`), to see what more training
 buys. The full sweep takes minutes on a CPU, so its seeded result ships in
-`course_lib/models/capacity_results.py`, written by
+`course_lib/data/capacity_results.json` (read by `course_lib.models.capacity_results`), written by
 
     python -m course_lib.models.capacity          # the recorded sweep (a few minutes)
 
@@ -18,7 +18,7 @@ and the lecture reruns one of its cells live to show the record reproduces.
 from __future__ import annotations
 
 import argparse
-import pprint
+import json
 from functools import partial
 from pathlib import Path
 
@@ -63,16 +63,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--out", type=Path,
-                        default=Path(__file__).with_name("capacity_results.py"))
+                        default=Path(__file__).parents[1] / "data" / "capacity_results.json")
     args = parser.parse_args(argv)
     rows = recall_capacity_sweep(steps=args.steps)
     longer_steps = 3 * args.steps
     longer = [{"n": n, "d_hidden": d, "steps": longer_steps, "kind": "gru",
                "accuracy": round(train_recall(n, d, longer_steps), 4)} for n, d in LONGER_CELLS]
-    args.out.write_text(
-        '"""Recorded by `python -m course_lib.models.capacity` (seeded; see capacity.py)."""\n\n'
-        f"RESULTS = {pprint.pformat(rows, width=100, sort_dicts=False)}\n\n"
-        f"LONGER = {pprint.pformat(longer, width=100, sort_dicts=False)}\n")
+    args.out.write_text(json.dumps({"results": rows, "longer": longer}, indent=1) + "\n")
     for row in rows + longer:
         print(row)
 

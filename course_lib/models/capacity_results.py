@@ -1,20 +1,9 @@
-"""Recorded by `python -m course_lib.models.capacity` (seeded; see capacity.py)."""
+"""Recorded by `python -m course_lib.models.capacity` (seeded; see capacity.py): the sweep's rows,
+kept as data in course_lib/data/capacity_results.json."""
 
-RESULTS = [{'n': 4, 'd_hidden': 8, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.4335},
- {'n': 4, 'd_hidden': 16, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.929},
- {'n': 4, 'd_hidden': 32, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.997},
- {'n': 4, 'd_hidden': 64, 'steps': 2000, 'kind': 'gru', 'accuracy': 1.0},
- {'n': 4, 'd_hidden': 128, 'steps': 2000, 'kind': 'gru', 'accuracy': 1.0},
- {'n': 8, 'd_hidden': 8, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.328},
- {'n': 8, 'd_hidden': 16, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.5275},
- {'n': 8, 'd_hidden': 32, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.656},
- {'n': 8, 'd_hidden': 64, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.7755},
- {'n': 8, 'd_hidden': 128, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.8225},
- {'n': 16, 'd_hidden': 8, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.256},
- {'n': 16, 'd_hidden': 16, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.263},
- {'n': 16, 'd_hidden': 32, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.3785},
- {'n': 16, 'd_hidden': 64, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.392},
- {'n': 16, 'd_hidden': 128, 'steps': 2000, 'kind': 'gru', 'accuracy': 0.422}]
+import json
+from pathlib import Path
 
-LONGER = [{'n': 8, 'd_hidden': 32, 'steps': 6000, 'kind': 'gru', 'accuracy': 0.8335},
- {'n': 16, 'd_hidden': 32, 'steps': 6000, 'kind': 'gru', 'accuracy': 0.566}]
+_RECORD = json.loads((Path(__file__).parents[1] / "data" / "capacity_results.json").read_text())
+RESULTS: list[dict] = _RECORD["results"]  # one trained GRU per (n, d_hidden)
+LONGER: list[dict] = _RECORD["longer"]    # two of its cells trained three times longer
