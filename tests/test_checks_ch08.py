@@ -227,16 +227,7 @@ def step_blank(acc, l_i, m_i, qk, v):
 def step_pair(acc, l_i, m_i, qk, v):
     return acc, l_i
 
-@triton.jit
-def step_given(acc, l_i, m_i, qk, v):
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    p = tl.exp(qk - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc + tl.dot(p, v)
-    return acc, l_i, m_new
-
-{softmaxes}def launcher(kernel):
+{given}{softmaxes}def launcher(kernel):
     def row_softmax(x):
         y = torch.empty_like(x)
         kernel[(x.shape[0],)](x, y, x.stride(0), x.shape[1],
@@ -258,6 +249,10 @@ _STABLE = "x = " + _LOAD + "\n    e = tl.exp(x - tl.max(x, 0))"
 _VARIANTS = (("ok", _STABLE.replace("OTHER", '-float("inf")')),
              ("pad_zero", _STABLE.replace("OTHER", "0.0")),
              ("unstable", "e = tl.exp(" + _LOAD.replace("OTHER", '-float("inf")') + ")"))
+# The notebook's given step is step_ok with the planted bug: acc is not rescaled by alpha.
+_OK = STEPS[STEPS.index("@triton.jit\ndef step_ok"):STEPS.index("@triton.jit\ndef step_no_rescale")]
+STEPS = STEPS.replace("{given}", _OK.replace("step_ok", "step_given")
+                      .replace("acc * alpha[:, None] + ", "acc + "))
 STEPS = STEPS.replace("{softmaxes}", "".join(_SOFTMAX.format(name=name, body=body)
                                              for name, body in _VARIANTS))
 
