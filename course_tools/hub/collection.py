@@ -177,10 +177,17 @@ def format_table(graded) -> str:
 def main_grade(args) -> int:
     """`course grade COLLECTION`: what `pipeline.main_grade` does, reported by learner."""
     (root,) = args.submissions
-    graded = grade_collection(
-        Path(root), timeout=args.timeout, memory_mb=args.memory_mb, jobs=args.jobs,
-        solutions_dir=args.solutions, python_path=args.python_path,
-        sandbox=not args.no_sandbox, warn=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        graded = grade_collection(
+            Path(root), timeout=args.timeout, memory_mb=args.memory_mb, jobs=args.jobs,
+            solutions_dir=args.solutions, python_path=args.python_path,
+            sandbox=not args.no_sandbox,
+            warn=lambda line: print(line, file=sys.stderr, flush=True))
+    except RuntimeError as e:  # the grader's GradingEnvironmentError: as `course grade` does
+        if type(e).__name__ != "GradingEnvironmentError":
+            raise
+        print(f"course grade: {e}", file=sys.stderr)
+        return 2
     if not graded:
         print(f"course grade: {root}: the collection holds no hand-ins yet", file=sys.stderr)
     fmt = format_json if args.json else format_csv if args.csv else format_table
