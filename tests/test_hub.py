@@ -287,3 +287,22 @@ def test_closed_folders_on_the_way_are_found():
         assert closed_ancestors([python, other]) == {str(top / "closed"): [python]}
     finally:
         shutil.rmtree(top)
+
+
+def test_zero_to_jupyterhub_values_keep_the_hubs_limits(tmp_path, monkeypatch):
+    """deploy/z2jh/values.yaml states the same limits, idle timeout and hand-in as the config."""
+    import yaml
+    from traitlets.config.loader import PyFileConfigLoader
+
+    monkeypatch.setenv("COURSE_HUB_DIR", str(tmp_path / "hub"))
+    c = PyFileConfigLoader(CONFIG_FILE.name, str(CONFIG_FILE.parent)).load_config()
+    values = yaml.safe_load((REPO / "deploy" / "z2jh" / "values.yaml").read_text())
+    user = values["singleuser"]
+    assert user["memory"]["limit"] == c.Spawner.mem_limit
+    assert float(user["cpu"]["limit"]) == c.Spawner.cpu_limit
+    culler = next(s for s in c.JupyterHub.services if s["name"] == "idle-culler")
+    assert f"--timeout={values['cull']['timeout']}" in culler["command"]
+    assert "handin" in values["hub"]["services"]
+    assert user["extraEnv"]["COURSE_HANDIN_URL"].endswith("/services/handin/")
+    assert values["hub"]["config"]["Spawner"]["server_token_scopes"] == \
+        c.Spawner.server_token_scopes
