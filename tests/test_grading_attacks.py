@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import nbformat
 import pytest
-from grading_fixture import POINTS, SOLVED, make_course, solved, submission, write
+from grading_fixture import POINTS, SOLVED, make_course, solved, submission, with_cells, write
 
 from course_tools import grader as grading
 from course_tools.grader import sandbox
@@ -97,6 +98,9 @@ WRITE_OUTSIDE = (
     "    except OSError:\n"
     "        pass\n"
     + SOLVED["fx_double"] + "\n")
+BREAK_SETUP = (  # a cell of its own before the set-up: the course's set-up cell then fails
+    "import sys\n"
+    "sys.modules['fx_checks'] = None\n")
 LINGER = (
     "import subprocess, sys\n"
     "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(434343)'],\n"
@@ -116,6 +120,10 @@ ATTACKS = {
     "08_patches_builtins.ipynb": (submission(fx_double=PATCH_BUILTINS), ALL),
     "09_writes_outside_its_folder.ipynb": (solved(fx_double=WRITE_OUTSIDE), ALL),
     "10_leaves_a_process_behind.ipynb": (solved(fx_inc=LINGER), {"fx_inc_test"}),
+    # The set-up fails after the submission's own code ran: its doing, so it costs it alone
+    # (flagged), and grading goes on; it does not pass for a broken grading environment.
+    "11_breaks_the_set_up.ipynb": (with_cells(solved(), lambda cells: cells.insert(
+        0, nbformat.v4.new_code_cell(BREAK_SETUP))), ALL),
     "99_blank_after_the_attacks.ipynb": (submission(), set()),
 }
 
@@ -150,7 +158,8 @@ MODES = ["sandbox", "no sandbox"] if sandbox.unavailable() is None else ["no san
 # in both modes (outside the kernel), so the sandbox run covers them.
 UNSANDBOXED = ["02_forges_the_worker_result.ipynb", "03_rewrites_the_checkers.ipynb",
                "04_runs_the_solutions.ipynb", "09_writes_outside_its_folder.ipynb",
-               "10_leaves_a_process_behind.ipynb", "99_blank_after_the_attacks.ipynb"]
+               "10_leaves_a_process_behind.ipynb", "11_breaks_the_set_up.ipynb",
+               "99_blank_after_the_attacks.ipynb"]
 
 
 @pytest.fixture(scope="module", params=MODES)

@@ -1,12 +1,15 @@
 """The grader, one module per stage (in the spirit of nbgrader's converters):
 
-read -> match -> assemble -> run (run.py in the grader, worker.py in its subprocess) -> score
--> report; `pipeline.py` chains them. `course grade` and `course check` call `pipeline`.
+read -> match -> assemble -> run (run.py in the grader, worker.py in its subprocess, launcher.py
+in the kernel's process; preflight.py: the course's first cell) -> score -> report; limits.py
+holds the limits run.py and the worker share; `pipeline.py` chains the stages. `course grade`
+and `course check` call `pipeline`.
 """
 
 from course_tools.grader.assemble import Plan, RunCell, assemble
 from course_tools.grader.match import match_source
 from course_tools.grader.pipeline import default_jobs, grade, grade_one, main_check, main_grade
+from course_tools.grader.preflight import GradingEnvironmentError
 from course_tools.grader.read import (
                                       Source,
                                       default_check_dir,
@@ -18,7 +21,8 @@ from course_tools.grader.report import format_csv, format_json, format_table
 from course_tools.grader.results import CELL_MISSING, FLAG, PASSED, ExerciseResult, SubmissionResult
 from course_tools.grader.score import score
 
-__all__ = ["CELL_MISSING", "FLAG", "PASSED", "ExerciseResult", "Plan", "RunCell", "Source",
+__all__ = ["CELL_MISSING", "FLAG", "PASSED", "ExerciseResult", "GradingEnvironmentError", "Plan",
+           "RunCell", "Source",
            "SubmissionResult", "assemble", "default_check_dir", "default_jobs",
            "default_solutions_dir", "file_digest", "format_csv", "format_json", "format_table",
            "grade", "grade_one", "load_sources", "main_check", "main_grade", "match_source",

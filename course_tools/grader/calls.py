@@ -23,7 +23,7 @@ class CheckCall:
 
 
 def _is_check(obj: Any) -> bool:
-    from course_lib.checks._protocol import Check
+    from course_lib.checks import Check
 
     return isinstance(obj, Check)
 
@@ -37,9 +37,10 @@ def _import(module: str, attr: str | None = None) -> Any:
     return importlib.import_module(module)
 
 
-def imported_names(sources: list[str]) -> dict[str, Any]:
-    """The names the (trusted) set-up cells import, resolved in this process."""
-    names: dict[str, Any] = {}
+def _bindings(sources: list[str]):
+    """(name, object, module) for every top-level import of the (trusted) set-up cells, resolved
+    in this process: `module` is what to import to get `object` (the module itself, or the
+    module a name comes from). An import the grader cannot do is skipped."""
     for source in sources:
         try:
             tree = ast.parse(source)
@@ -49,17 +50,33 @@ def imported_names(sources: list[str]) -> dict[str, Any]:
             try:
                 if isinstance(node, ast.Import):
                     for a in node.names:
-                        if a.asname:
-                            names[a.asname] = _import(a.name)
-                        else:
-                            names[a.name.split(".")[0]] = _import(a.name.split(".")[0])
+                        name = a.name if a.asname else a.name.split(".")[0]
+                        yield a.asname or name, _import(name), name
                 elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                     for a in node.names:
                         if a.name != "*":
-                            names[a.asname or a.name] = _import(node.module, a.name)
+                            obj = _import(node.module, a.name)
+                            module = obj.__name__ if isinstance(obj, types.ModuleType) else \
+                                node.module
+                            yield a.asname or a.name, obj, module
             except Exception:  # noqa: BLE001 - an import the grader cannot do is just not a check
                 continue
-    return names
+
+
+def imported_names(sources: list[str]) -> dict[str, Any]:
+    """The names the (trusted) set-up cells import, resolved in this process."""
+    return {name: obj for name, obj, _ in _bindings(sources)}
+
+
+def _has_checks(obj: Any) -> bool:
+    return _is_check(obj) or (isinstance(obj, types.ModuleType)
+                              and any(_is_check(v) for v in vars(obj).values()))
+
+
+def checker_modules(sources: list[str]) -> list[str]:
+    """The modules the set-up cells import checkers from (`course_lib.checks.ch01`), in order:
+    what the preflight cell imports in the kernel before any learner code runs."""
+    return list(dict.fromkeys(module for _, obj, module in _bindings(sources) if _has_checks(obj)))
 
 
 def _resolve(node: ast.expr, names: dict[str, Any]) -> Any:
@@ -90,14 +107,14 @@ def check_calls(source: str, names: dict[str, Any]) -> list[CheckCall] | None:
     return calls or None
 
 
+def setup_sources(source: Any) -> list[str]:
+    """The source notebook's set-up code cells (neither answers nor graded cells)."""
+    return [c.source for c in source.nb.cells if c.cell_type == "code"
+            and not (c.metadata.get("nbgrader") or {}).get("solution")
+            and not (c.metadata.get("nbgrader") or {}).get("grade")]
+
+
 def checker_names(source: Any) -> set[str]:
     """The names a source notebook's set-up cells bind to checkers or their modules."""
-    setup = [c.source for c in source.nb.cells if c.cell_type == "code"
-             and not (c.metadata.get("nbgrader") or {}).get("solution")
-             and not (c.metadata.get("nbgrader") or {}).get("grade")]
-    names = set()
-    for name, obj in imported_names(setup).items():
-        if _is_check(obj) or (isinstance(obj, types.ModuleType)
-                              and any(_is_check(v) for v in vars(obj).values())):
-            names.add(name)
-    return names
+    return {name for name, obj in imported_names(setup_sources(source)).items()
+            if _has_checks(obj)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from course_tools.grader.assemble import assemble
 from course_tools.grader.calls import checker_names
 from course_tools.grader.match import match_source
+from course_tools.grader.preflight import GradingEnvironmentError, environment_problem
 from course_tools.grader.read import (
     Source,
     default_check_dir,
@@ -30,7 +32,9 @@ from course_tools.grader.score import score
 
 def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
               hidden: bool = True, label: str | None = None) -> SubmissionResult:
-    """Grade one submission; never raises for anything the submission contains."""
+    """Grade one submission; never raises for anything the submission contains. Raises
+    GradingEnvironmentError when the run says nothing about the submission: the kernel did
+    not start, or the course's own first cells failed before any submitted code ran."""
     start = time.monotonic()
     result = SubmissionResult(label or str(path))
     data, nb, error = read_notebook(Path(path))
@@ -51,6 +55,11 @@ def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
         return result
     found = scan_plan(plan.cells, checker_names(source)) if hidden else {}
     run = run_submission(Path(path).name, data, plan, settings)
+    problem = environment_problem(plan, run, timeout=settings.timeout,
+                                  memory_mb=settings.memory_mb, grader_lib=settings.course_lib,
+                                  python_path=settings.given_path)
+    if problem:
+        raise GradingEnvironmentError(f"the grading environment is broken, not {path}: {problem}")
     result.error = run.error
     result.exercises = score(source, plan, run, timeout=settings.timeout,
                              memory_mb=settings.memory_mb, suspicious=found)
@@ -73,7 +82,10 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
     `warn(line)` receives the one line saying that the kernel is not sandboxed, when it is not
     (`course grade` prints it to stderr). `python_path`: extra folders the kernel imports from
     (read-only in the sandbox), e.g. a course's own checker modules. `sandbox=False` runs the
-    kernel without bubblewrap even where it works (for debugging a submission)."""
+    kernel without bubblewrap even where it works (for debugging a submission).
+
+    Raises GradingEnvironmentError, and grades no further submission, when the grading kernel
+    itself is broken (see `preflight.py`): handing out zeros for it would blame the learners."""
     sources = load_sources(solutions_dir)
     files = expand(paths)
     jobs = max(1, min(jobs or default_jobs(), len(files) or 1))
@@ -87,17 +99,37 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
     if settings.why_not_sandboxed and warn is not None:
         warn(NOT_SANDBOXED.format(why=settings.why_not_sandboxed))
 
-    def one(p: Path) -> SubmissionResult:
+    broken = threading.Event()  # set at the first GradingEnvironmentError: start no more
+
+    def one(p: Path) -> SubmissionResult | None:
+        if broken.is_set():
+            return None
         try:
             return grade_one(p, sources, settings, hidden=hidden, label=str(p))
+        except GradingEnvironmentError:
+            broken.set()
+            raise
         except Exception as e:  # noqa: BLE001 - a grader bug on one file must not stop the others
             return SubmissionResult(str(p), error=f"internal grader error: {type(e).__name__}: {e}")
 
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            return list(pool.map(one, files))
+            futures = [pool.submit(one, p) for p in files]
+            try:
+                return [f.result() for f in futures]
+            except GradingEnvironmentError:
+                for f in futures:  # the same environment would fail them all: stop here
+                    f.cancel()
+                raise
     finally:
         settings.close()
+
+
+def _stopped(command: str, error: GradingEnvironmentError) -> int:
+    print(f"course {command}: cannot grade: {error}", file=sys.stderr, flush=True)
+    print(f"course {command}: nothing was scored; fix the grading environment and run it again.",
+          file=sys.stderr, flush=True)
+    return 2
 
 
 def _stderr(line: str) -> None:
@@ -106,16 +138,19 @@ def _stderr(line: str) -> None:
 
 def main_grade(args: argparse.Namespace) -> int:
     missing = [p for p in args.submissions if not Path(p).exists()]
-    results = grade(
-        list(args.submissions),
-        timeout=args.timeout,
-        memory_mb=args.memory_mb,
-        jobs=getattr(args, "jobs", None),
-        solutions_dir=getattr(args, "solutions", None),
-        python_path=getattr(args, "python_path", None),
-        sandbox=not getattr(args, "no_sandbox", False),
-        warn=_stderr,
-    )
+    try:
+        results = grade(
+            list(args.submissions),
+            timeout=args.timeout,
+            memory_mb=args.memory_mb,
+            jobs=getattr(args, "jobs", None),
+            solutions_dir=getattr(args, "solutions", None),
+            python_path=getattr(args, "python_path", None),
+            sandbox=not getattr(args, "no_sandbox", False),
+            warn=_stderr,
+        )
+    except GradingEnvironmentError as e:
+        return _stopped("grade", e)
     if getattr(args, "json", False):
         sys.stdout.write(format_json(results))
     elif getattr(args, "csv", False):
@@ -136,15 +171,18 @@ def main_check(args: argparse.Namespace) -> int:
         f"Running {path} in a fresh kernel (a scratch copy; your file is not changed)...",
         flush=True,
     )
-    results = grade(
-        [path],
-        timeout=args.timeout,
-        memory_mb=getattr(args, "memory_mb", 4096),
-        hidden=False,
-        jobs=1,
-        solutions_dir=getattr(args, "solutions", None) or default_check_dir(),
-        python_path=getattr(args, "python_path", None),
-    )
+    try:
+        results = grade(
+            [path],
+            timeout=args.timeout,
+            memory_mb=getattr(args, "memory_mb", 4096),
+            hidden=False,
+            jobs=1,
+            solutions_dir=getattr(args, "solutions", None) or default_check_dir(),
+            python_path=getattr(args, "python_path", None),
+        )
+    except GradingEnvironmentError as e:
+        return _stopped("check", e)
     sys.stdout.write(format_table(results, hints=True))
     r = results[0]
     print()

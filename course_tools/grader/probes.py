@@ -3,9 +3,10 @@
 For each check call of a graded cell the grader picks a fresh random seed, makes the cases
 (`Check.cases(seed, hidden=True)`: hidden cases are data made here, never code in the kernel),
 saves them where the kernel can read them, and has the kernel run ONE generated cell that calls
-`course_lib.checks._probe.probe`. After that cell the worker moves the outcome file out of the
+`course_lib.checks.probe`. After that cell the worker moves the outcome file out of the
 kernel's reach; the grader loads it with `torch.load(weights_only=True)` after size checks and
-calls `Check.judge` in its own process. Nothing else the kernel says counts.
+calls `Check.judge` in its own process. Nothing else the kernel says counts. Everything used
+here is the public grading protocol of `course_lib.checks` (its docstring lists it).
 """
 
 from __future__ import annotations
@@ -44,14 +45,14 @@ def prepare(call: CheckCall, io: Path) -> Probe:
     """Make the cases (grader side) and the one cell that runs the learner's code on them."""
     import torch
 
-    from course_lib.checks._protocol import encode
+    from course_lib.checks import encode
 
     seed = secrets.randbelow(2**31)
     cases = call.check.cases(seed, True)
     name = "p" + secrets.token_hex(8)
     torch.save(encode(cases), io / f"{name}.in.pt")
     args = "".join(", " + a for a in call.args)
-    source = (f'__import__("course_lib.checks._probe", fromlist=["probe"]).probe('
+    source = (f'__import__("course_lib.checks", fromlist=["probe"]).probe('
               f'{call.check.id!r}, {str(io / (name + ".in.pt"))!r}, '
               f'{str(io / (name + ".out.pt"))!r}{args})')
     return Probe(call, seed, cases, name, source)
@@ -71,9 +72,13 @@ def judge(probe: Probe, collected: Path, cell_ran: bool) -> Verdict:
 
 
 def _judge(probe: Probe, out: Path) -> Verdict:
-    from course_lib.checks._core import CheckFailure, ReferenceCall
-    from course_lib.checks._probe import load_tampered
-    from course_lib.checks._protocol import OutcomeError, load_outcomes
+    from course_lib.checks import (
+        CheckFailure,
+        OutcomeError,
+        ReferenceCall,
+        load_outcomes,
+        load_tampered,
+    )
 
     flags = []
     try:

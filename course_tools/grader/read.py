@@ -66,19 +66,21 @@ def default_check_dir() -> Path:
     return solutions if any(solutions.glob("*.ipynb")) else default_solutions_dir("exercises")
 
 
+def parse_source(path: Path, nb: Any) -> Source:
+    """A source notebook (already read) as the later stages need it."""
+    graded = []
+    for i, cell in enumerate(nb.cells):
+        m = meta(cell)
+        if cell.cell_type == "code" and m.get("grade") and grade_id(cell):
+            graded.append((m["grade_id"], float(m.get("points", 0) or 0), i))
+    ids = {gid for gid in map(grade_id, nb.cells) if gid}
+    return Source(Path(path), nb, graded, ids)
+
+
 def load_sources(solutions_dir: Path | None = None) -> dict[str, Source]:
     solutions_dir = Path(solutions_dir) if solutions_dir else default_solutions_dir()
-    sources = {}
-    for path in sorted(solutions_dir.glob("*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
-        graded = []
-        for i, cell in enumerate(nb.cells):
-            m = meta(cell)
-            if cell.cell_type == "code" and m.get("grade") and grade_id(cell):
-                graded.append((m["grade_id"], float(m.get("points", 0) or 0), i))
-        ids = {gid for gid in map(grade_id, nb.cells) if gid}
-        sources[path.name] = Source(path, nb, graded, ids)
-    return sources
+    return {path.name: parse_source(path, nbformat.read(path, as_version=4))
+            for path in sorted(solutions_dir.glob("*.ipynb"))}
 
 
 def expand(paths: list[Path]) -> list[Path]:

@@ -5,6 +5,10 @@ The grader writes the submission's copy and the probes' cases into the submissio
 stdin, waits, and reads the worker's result file only if the worker exited normally and the
 token matches. The worker never prints, so anything on its stdout is someone else's forgery.
 Then the probes are judged here (`probes.judge`), and the scratch folder is deleted.
+
+The kernel imports the `course_lib` the grader imported, whether or not the course is installed:
+in the sandbox, that folder bound read-only at <scratch>/lib/course_lib, first on the kernel's
+PYTHONPATH; without it, a private copy made for the run. The preflight cell checks it did.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course_tools.grader import probes, sandbox
+from course_tools.grader import preflight, probes, sandbox
 from course_tools.grader.assemble import Plan
-from course_tools.grader.worker import GRACE_S, MAX_RESTARTS, STARTUP_S, kill_group
+from course_tools.grader.limits import cell_limit, run_deadline
+from course_tools.grader.worker import LAUNCHER, kill_group
 
 
 @dataclass
@@ -37,7 +42,8 @@ class Settings:
     protect: list[Path] = field(default_factory=list)  # the submissions: put back if changed
     sandbox: bool = True  # False: never, even where it works
     why_not_sandboxed: str | None = None
-    course_lib: Path = field(init=False)
+    course_lib: Path = field(init=False)  # the folder of the course_lib the grader imported
+    given_path: list[str] = field(init=False)  # python_path as given (before any private copy)
     snapshot: Path | None = None
     watch: dict[str, list[str]] = field(default_factory=dict)  # path -> [sha256, snapshot name]
     per_cell: set[str] = field(default_factory=set)  # watched after every cell
@@ -46,13 +52,24 @@ class Settings:
         import course_lib
 
         self.course_lib = Path(course_lib.__file__).resolve().parent
+        self.given_path = list(self.python_path)
         self.why_not_sandboxed = sandbox.unavailable() if self.sandbox else "--no-sandbox"
         if self.why_not_sandboxed and os.name == "posix":
             self._private_copy()
+        elif self.why_not_sandboxed and not _is_site_dir(self.course_lib.parent):
+            self.python_path = [str(self.course_lib.parent), *self.python_path]  # a checkout
 
     @property
     def sandboxed(self) -> bool:
         return self.why_not_sandboxed is None
+
+    def kernel_lib(self, layout: sandbox.Layout) -> tuple[list[str], Path]:
+        """The kernel's import path (its PYTHONPATH), and the course_lib it must import there."""
+        if self.sandboxed:  # sandbox.wrap binds self.course_lib there, read-only
+            return [str(layout.lib), *self.python_path], layout.lib / "course_lib"
+        if self.snapshot is not None:
+            return list(self.python_path), self.snapshot / "live" / "course_lib"
+        return list(self.python_path), self.course_lib
 
     def _private_copy(self) -> None:
         """Without a sandbox a kernel can reach every file the grader's user can. So the kernels
@@ -96,10 +113,19 @@ class Settings:
             remove(self.snapshot)
 
 
+def _is_site_dir(folder: Path) -> bool:
+    """Whether `folder` is where installed packages live (never put on a kernel's PYTHONPATH)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return any(folder == Path(paths[k]).resolve() for k in ("purelib", "platlib") if k in paths)
+
+
 @dataclass
 class RunResult:
     statuses: list[dict]  # one per plan cell
     error: str | None = None
+    started: bool = True  # False: the kernel never started, nothing of the submission ran
     flags: list[str] = field(default_factory=list)  # tampering with the run itself: all exercises
     verdicts: dict[int, probes.Verdict] = field(default_factory=dict)  # plan cell -> verdict
 
@@ -119,11 +145,14 @@ def run_submission(name: str, data: bytes, plan: Plan, settings: Settings) -> Ru
     try:
         (layout.work / (name if name.endswith(".ipynb") else "submission.ipynb")).write_bytes(data)
         (layout.ctl / "collected").mkdir()
+        path, course_lib = settings.kernel_lib(layout)
         for cell in plan.cells:
             if cell.role == "probe":
                 cell.probe = probes.prepare(cell.call, layout.io)
                 cell.source = cell.probe.source
-        result = _run_worker(layout, plan, settings)
+            elif cell.role == "preflight":
+                cell.source = preflight.source(cell.imports, course_lib)
+        result = _run_worker(layout, plan, settings, path)
         for i, (cell, st) in enumerate(zip(plan.cells, result.statuses)):
             if cell.role == "probe":
                 result.verdicts[i] = probes.judge(
@@ -134,31 +163,32 @@ def run_submission(name: str, data: bytes, plan: Plan, settings: Settings) -> Ru
     return result
 
 
-def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings) -> RunResult:
+def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings,
+                path: list[str]) -> RunResult:
     n = len(plan.cells)
     env = _worker_env(settings.jobs)
+    limits = [cell_limit(c.role, settings.timeout) for c in plan.cells]
     spec = {
         "cells": [c.source for c in plan.cells],
+        "limits": limits,  # the course's own cells get theirs, the learner's the --timeout
         "collect": [[c.probe.out] if c.role == "probe" else [] for c in plan.cells],
         "cwd": str(layout.work),
         "io": str(layout.io),
         "ctl": str(layout.ctl),
         "ipc": str(layout.ipc) if sys.platform.startswith("linux") else None,  # tcp elsewhere
-        "env": sandbox.kernel_env(layout, env, settings.python_path),
-        "timeout": settings.timeout,
+        "env": sandbox.kernel_env(layout, env, path),
         "memory_mb": settings.memory_mb,
-        "grace": min(GRACE_S, max(2.0, settings.timeout / 2)),
         "watch": {p: v for p, v in settings.watch.items() if p in settings.per_cell},
         "snapshot": str(settings.snapshot / "originals" if settings.snapshot else ""),
     }
     if settings.sandboxed:
         hide = sandbox.hidden_places(settings.course_lib.parent, settings.hide)
         spec["sandbox"], spec["traps"] = sandbox.wrap(
-            layout, course_lib=settings.course_lib, python_path=settings.python_path, hide=hide
+            layout, course_lib=settings.course_lib, python_path=settings.python_path, hide=hide,
+            launcher=LAUNCHER,
         )
     (layout.ctl / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-    # Enough for every cell to time out, plus restarts and replays.
-    deadline = STARTUP_S * (MAX_RESTARTS + 2) + (settings.timeout + GRACE_S) * (n + 2) * 2
+    deadline = run_deadline(limits)  # every cell timing out, plus restarts and replays
     cmd = [sys.executable, "-m", "course_tools.grader.worker", "--worker", str(layout.ctl)]
     token = secrets.token_hex(16)
     result = RunResult([])
@@ -184,6 +214,7 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings) -> RunRe
     reply = _read_reply(layout.ctl / "result.json", token, proc.returncode, result)
     if reply is not None:
         result.statuses, result.error = reply["statuses"], reply["error"] or result.error
+        result.started = bool(reply.get("started", True))
     elif result.error is None:
         tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
         result.error = f"the grading worker stopped (exit status {proc.returncode})" + (

@@ -1,14 +1,15 @@
 """The kernel's sandbox (Linux, bubblewrap): what a submission's code can see, write and reach.
 
 Inside, the kernel sees the system read-only (/usr, /etc, ...), the Python it runs on and the
-installed `course_lib` read-only, and its submission's own writable folders (its working copy,
-the probe files, its HOME and TMPDIR, the kernel's socket files). Nothing else of the machine:
-no `solutions/`, no grader files, no other submission, no network (`--unshare-net`; the kernel
-talks to the grader over ipc socket files), its own process namespace (`--unshare-pid`, so no
-grader process is visible or can be signalled) and an unprivileged user. The places a cheat would
-write to (/tmp, the course folder, the grader's working folder, HOME) are empty host folders
-bound writable: anything that appears in them is a write outside the scratch folder, and flags
-the submission.
+grader's own `course_lib` read-only (bound at <scratch>/lib/course_lib, first on its path, so a
+checkout that was never installed grades as well), and its submission's own writable folders
+(its working copy, the probe files, its HOME and TMPDIR, the kernel's socket files). Nothing
+else of the machine: no `solutions/`, no grader files, no other submission, no network
+(`--unshare-net`; the kernel talks to the grader over ipc socket files), its own process
+namespace (`--unshare-pid`, so no grader process is visible or can be signalled) and an
+unprivileged user. The places a cheat would write to (/tmp, the course folder, the grader's
+working folder, HOME) are empty host folders bound writable: anything that appears in them is a
+write outside the scratch folder, and flags the submission.
 
 Without bubblewrap (macOS, Windows, a Linux without the package) the kernel runs as the grader's
 user, and `NOT_SANDBOXED` says so once per run.
@@ -81,23 +82,26 @@ def _python_dirs() -> list[str]:
 @dataclass
 class Layout:
     """One submission's folders. `root` is private to the grader; the kernel sees only `work`
-    (its working copy), `io` (the probes' case and outcome files), `ipc` (its sockets) and `home`
-    (HOME, TMPDIR). `ctl` (spec, result, collected outcomes) stays out of its reach."""
+    (its working copy), `io` (the probes' case and outcome files), `ipc` (its sockets), `home`
+    (HOME, TMPDIR) and, in the sandbox, `lib` (course_lib, read-only). `ctl` (spec, result,
+    collected outcomes) stays out of its reach."""
 
     root: Path
     work: Path = field(init=False)
     io: Path = field(init=False)
     ipc: Path = field(init=False)
     home: Path = field(init=False)
+    lib: Path = field(init=False)
     ctl: Path = field(init=False)
     traps: Path = field(init=False)
 
     def __post_init__(self):
-        for name in ("work", "io", "ipc", "home", "ctl", "traps"):
+        for name in ("work", "io", "ipc", "home", "lib", "ctl", "traps"):
             path = self.root / name
             path.mkdir(mode=0o700)
             setattr(self, name, path)
         (self.home / "tmp").mkdir()
+        (self.lib / "course_lib").mkdir()  # where the sandbox binds the grader's course_lib
 
     @classmethod
     def create(cls) -> Layout:
@@ -130,10 +134,12 @@ def hidden_places(course_root: Path, extra: list[Path]) -> list[str]:
     return sorted(p for p in real if p != "/")
 
 
-def wrap(layout: Layout, *, course_lib: Path, python_path: list[str],
-         hide: list[str]) -> tuple[list[str], dict[str, str]]:
+def wrap(layout: Layout, *, course_lib: Path, python_path: list[str], hide: list[str],
+         launcher: str) -> tuple[list[str], dict[str, str]]:
     """The bubblewrap command to put before the kernel's (it ends with "--"), and the traps
-    (host folder -> the place it stands for), whose contents the worker watches."""
+    (host folder -> the place it stands for), whose contents the worker watches. `course_lib`
+    is bound read-only at layout.lib/course_lib; `launcher` (the kernel's launcher script) and
+    the `python_path` folders are bound read-only where they are."""
     args = [shutil.which("bwrap") or "bwrap", *_system_binds()]
     traps: dict[str, str] = {}
     for k, place in enumerate(hide):
@@ -141,12 +147,15 @@ def wrap(layout: Layout, *, course_lib: Path, python_path: list[str],
         trap.mkdir()
         args += ["--bind", str(trap), place]
         traps[str(trap)] = place
-    keep = [str(course_lib), *python_path, *_python_dirs()]
-    for d in keep:  # what lies under a hidden place but the kernel needs (the venv, course_lib)
+    for d in _python_dirs():  # the venv may lie under a hidden place (the course folder)
         if any(d == h or d.startswith(h.rstrip("/") + "/") for h in hide):
+            args += ["--ro-bind", d, d]
+    for d in (launcher, *python_path):  # wherever they are (outside the system folders too)
+        if os.path.exists(d):
             args += ["--ro-bind", d, d]
     for d in (layout.work, layout.io, layout.ipc, layout.home):
         args += ["--bind", str(d), str(d)]
+    args += ["--ro-bind", str(course_lib), str(layout.lib / "course_lib")]
     # ipykernel would take the namespace's init (pid 1) for a dead parent: no parent polling,
     # the kernel dies with bubblewrap instead (--die-with-parent).
     args += ["--remount-ro", "/", "--chdir", str(layout.work), "--unsetenv", "JPY_PARENT_PID",

@@ -1,14 +1,25 @@
-"""Stage 5, score: per-cell statuses -> one result per graded cell."""
+"""Stage 5, score: per-cell statuses -> one result per graded cell.
+
+Three steps, each a small function with its own tests (tests/test_grader_stages.py):
+`describe` turns one cell's status into words; `judge_cell` says whether one judged cell (a
+probe, or a test cell run in the kernel) passed, with what message and tampering flags; `score`
+gathers them per exercise, with what went wrong around them (`troubles`) and what tampering was
+noticed before each judgement.
+"""
 
 from __future__ import annotations
 
-from course_tools.grader.assemble import Plan
+from course_tools.grader.assemble import Plan, RunCell
+from course_tools.grader.limits import cell_limit
+from course_tools.grader.probes import Verdict
 from course_tools.grader.read import Source
 from course_tools.grader.results import FLAG, PASSED, ExerciseResult
 from course_tools.grader.run import RunResult
 
+JUDGED = ("test", "probe")
 
-def _error_text(st: dict) -> str:
+
+def _error_text(st: dict, memory_mb: int) -> str:
     ename, evalue = st.get("ename") or "Error", (st.get("evalue") or "").strip()
     if ename in ("CheckFailure", "ReferenceCall") and evalue:
         return evalue
@@ -22,17 +33,18 @@ def _error_text(st: dict) -> str:
     if ename == "NotImplementedError":
         return "not written yet" + (f" (hint: {evalue})" if evalue else "")
     if ename == "MemoryError":
-        return f"MemoryError: ran out of memory (cap {st.get('memory_mb', '?')} MB)"
+        return f"MemoryError: ran out of memory (cap {memory_mb} MB)"
     return f"{ename}: {evalue}" if evalue else ename
 
 
-def _status_text(st: dict, timeout: float, memory_mb: int) -> str:
+def describe(st: dict, limit: float, memory_mb: int) -> str:
+    """One cell's status in words, for a cell that ran under `limit` seconds."""
     status = st.get("status")
     if status == "timeout":
-        return f"timed out after {timeout:g} s and was interrupted: is there an endless loop?"
+        return f"timed out after {limit:g} s and was interrupted: is there an endless loop?"
     if status == "stuck":
         return (
-            f"timed out after {timeout:g} s and ignored the interrupt; the kernel was killed "
+            f"timed out after {limit:g} s and ignored the interrupt; the kernel was killed "
             "and restarted"
         )
     if status == "died":
@@ -42,11 +54,48 @@ def _status_text(st: dict, timeout: float, memory_mb: int) -> str:
         )
     if status == "skipped":
         return st.get("reason") or "not run"
-    return _error_text(dict(st, memory_mb=memory_mb))
+    return _error_text(st, memory_mb)
+
+
+def judge_cell(cell: RunCell, st: dict, verdict: Verdict | None,
+               words: str) -> tuple[bool, str, list[str]]:
+    """(passed, message, tampering flags) of one judged cell; `words` describes its status.
+    A test cell passes when it ran without error; a probe when the grader's verdict passed."""
+    if cell.role == "test":
+        ok = st.get("status") == "ok"
+        flags = [words] if st.get("ename") == "ReferenceCall" else []
+        return ok, "" if ok else words, flags
+    if verdict is None:  # the probe's cell failed before any result came back
+        return False, words, []
+    ok = verdict.passed
+    return ok, "" if ok else (verdict.message or words), list(verdict.flags)
+
+
+def troubles(plan: Plan, statuses: list[dict], *, timeout: float,
+             memory_mb: int) -> dict[str, list[str]]:
+    """exercise -> what failed around it, outside its judged cells: an answer, a set-up cell or
+    a cell the learner added (appended to its feedback in brackets)."""
+    found: dict[str, list[str]] = {}
+    for cell, st in zip(plan.cells, statuses):
+        if cell.role in JUDGED or not cell.exercise or st.get("status") in ("ok", "skipped", None):
+            continue
+        what = describe(st, cell_limit(cell.role, timeout), memory_mb)
+        who = (f"your answer cell `{cell.grade_id}`" if cell.role == "answer" else
+               "a set-up cell" if cell.role == "setup" else "a cell you added")
+        found.setdefault(cell.exercise, []).append(f"{who}: {what}")
+    return found
 
 
 def _dedupe(items: list[str]) -> list[str]:
     return list(dict.fromkeys(i for i in items if i))
+
+
+def _feedback(messages: list[str], flags: list[str], parts: list[str]) -> str:
+    text = "; ".join(_dedupe(messages)) or "not run"
+    if flags:
+        rest = "; ".join(m for m in _dedupe(messages) if m not in flags)
+        text = FLAG + "; ".join(flags) + (f" ({rest})" if rest else "")
+    return text + ("" if not parts else " [" + "; ".join(parts) + "]")
 
 
 def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_mb: int,
@@ -56,16 +105,11 @@ def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_
     and nothing flagged tampering before its judgement: the run itself (a forged result), a
     probe's report, a write outside the scratch folder, or a suspicious answer cell."""
     statuses = run.statuses
-    judged_at: dict[str, int] = {}
-    trouble: dict[str, list[str]] = {}
-    for i, (cell, st) in enumerate(zip(plan.cells, statuses)):
-        if cell.role in ("test", "probe"):
-            judged_at[cell.grade_id] = i
-        elif cell.exercise and st.get("status") not in ("ok", "skipped", None):
-            what = _status_text(st, timeout, memory_mb)
-            who = (f"your answer cell `{cell.grade_id}`" if cell.role == "answer" else
-                   "a set-up cell" if cell.role == "setup" else "a cell you added")
-            trouble.setdefault(cell.exercise, []).append(f"{who}: {what}")
+    judged: dict[str, list[int]] = {}
+    for i, cell in enumerate(plan.cells[:len(statuses)]):
+        if cell.role in JUDGED:
+            judged.setdefault(cell.grade_id, []).append(i)
+    around = troubles(plan, statuses, timeout=timeout, memory_mb=memory_mb)
     # Tampering noticed at cell j affects every exercise judged at or after j.
     noticed = [(i, list(st.get("intrusions") or [])) for i, st in enumerate(statuses)]
     noticed += list((suspicious or {}).items())
@@ -75,41 +119,25 @@ def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_
         if gid in plan.missing:
             results.append(ExerciseResult(gid, 0, points, plan.missing[gid], hint=hint))
             continue
-        at = judged_at.get(gid, len(plan.cells))
+        cells = judged.get(gid, [])
+        at = cells[-1] if cells else len(plan.cells)
         flags = list(run.flags) + [f for j, found in noticed if j <= at for f in found]
-        messages = []
-        passed = True
-        for i, (cell, st) in enumerate(zip(plan.cells, statuses)):
-            if cell.grade_id != gid or cell.role not in ("test", "probe"):
-                continue
-            verdict = run.verdicts.get(i)
-            if cell.role == "test":
-                ok = st.get("status") == "ok"
-                if st.get("ename") == "ReferenceCall":
-                    flags.append(_status_text(st, timeout, memory_mb))
-                message = "" if ok else _status_text(st, timeout, memory_mb)
-            elif verdict is None:
-                ok, message = False, _status_text(st, timeout, memory_mb)
-            else:
-                ok = verdict.passed
-                flags += verdict.flags
-                message = "" if ok else (verdict.message or _status_text(st, timeout, memory_mb))
-            passed = passed and ok
+        passed, messages = bool(cells), []
+        for i in cells:
+            words = describe(statuses[i], timeout, memory_mb)
+            ok, message, more = judge_cell(plan.cells[i], statuses[i], run.verdicts.get(i), words)
+            passed, flags = passed and ok, flags + more
             messages.append(message)
-        if gid not in judged_at:
-            passed, messages = False, [_status_text({"status": "skipped"}, timeout, memory_mb)]
+        if not cells:
+            messages = [describe({"status": "skipped"}, timeout, memory_mb)]
         flags = _dedupe(flags)
         if passed and not flags:
             results.append(ExerciseResult(gid, points, points, PASSED, hint=hint))
             continue
-        parts = list(trouble.get(gid, []))
+        parts = list(around.get(gid, []))
         if gid in plan.answers_missing:
             parts.append("answer cell missing: "
                          + ", ".join(f"`{a}`" for a in plan.answers_missing[gid]))
-        text = "; ".join(_dedupe(messages)) or "not run"
-        if flags:
-            rest = "; ".join(m for m in _dedupe(messages) if m not in flags)
-            text = FLAG + "; ".join(flags) + (f" ({rest})" if rest else "")
-        feedback = text + ("" if not parts else " [" + "; ".join(parts) + "]")
-        results.append(ExerciseResult(gid, 0, points, feedback, flagged=bool(flags), hint=hint))
+        results.append(ExerciseResult(gid, 0, points, _feedback(messages, flags, parts),
+                                      flagged=bool(flags), hint=hint))
     return results

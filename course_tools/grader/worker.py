@@ -2,10 +2,12 @@
 
 `python -m course_tools.grader.worker --worker CTL_DIR` is started by `run.py`, one per
 submission. It reads its spec from CTL_DIR/spec.json and a one-time token from its stdin, starts
-the kernel (inside the sandbox's command when there is one) on ipc sockets, runs the cells, moves
-each probe's files out of the kernel's reach as soon as its cell ends, notes after every cell
-what appeared where the kernel should not write, and writes CTL_DIR/result.json with the token.
-It never prints: anything on its stdout was written by someone else.
+the kernel (inside the sandbox's command when there is one, through `launcher.py`) on ipc
+sockets, runs the cells (`KernelRun`: each cell under its own limit, the kernel restarted and
+the earlier cells replayed when it dies or hangs), moves each probe's files out of the kernel's
+reach as soon as its cell ends, notes after every cell what appeared where the kernel should not
+write (`Watch`), and writes CTL_DIR/result.json with the token. It never prints: anything on its
+stdout was written by someone else.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from pathlib import Path
 
 import nbformat
 
-GRACE_S = 10  # after interrupting a timed-out cell, wait at most this long before killing it
-MAX_RESTARTS = 3  # kernel restarts per submission before the remaining cells are skipped
-STARTUP_S = 60  # seconds allowed for a kernel to start
+from course_tools.grader.limits import MAX_RESTARTS, STARTUP_S, grace
+
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+LAUNCHER = str(Path(__file__).resolve().with_name("launcher.py"))
+DEAD = ("died", "stuck")  # statuses after which the kernel is restarted
 
 
 def kill_group(pid: int) -> None:
@@ -40,33 +43,6 @@ def kill_group(pid: int) -> None:
             os.kill(pid, sig)
         except OSError:
             pass
-
-
-# Runs in the kernel's own process before ipykernel: cap memory, no core files, and die with the
-# worker (PR_SET_PDEATHSIG), then become the kernel. The cap is RLIMIT_DATA (every writable
-# private mapping: the heap, NumPy and torch buffers, thread stacks), not RLIMIT_AS: address space
-# that is only reserved (glibc reserves an arena per thread; CUDA reserves tens of GB) does not
-# count, so the cap means what an instructor expects from "memory" (measured here: with a 1 GB
-# cap, a learner gets 750 MB under RLIMIT_DATA and 300 MB under RLIMIT_AS after importing torch);
-# on a GPU box, CUDA's reservations should not hit it either (not tested on a GPU). Linux only:
-# macOS does not enforce it, Windows has no rlimits; there the kernel runs without a cap.
-_LAUNCHER = """
-import os, sys
-mb, cmd = int(sys.argv[1]), sys.argv[2:]
-try:
-    import resource
-    if mb > 0 and sys.platform.startswith("linux"):
-        resource.setrlimit(resource.RLIMIT_DATA, (mb << 20, mb << 20))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-except (ImportError, ValueError, OSError, AttributeError):
-    pass
-try:
-    import ctypes, signal
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-except Exception:
-    pass
-os.execv(cmd[0], cmd)
-"""
 
 
 def _kernel_manager_class():
@@ -88,7 +64,7 @@ def _kernel_manager_class():
             ]
             if os.name != "posix":
                 return cmd
-            return [*self.sandbox, sys.executable, "-c", _LAUNCHER, str(self.memory_mb), *cmd]
+            return [*self.sandbox, sys.executable, "-I", LAUNCHER, str(self.memory_mb), *cmd]
 
     return LimitedKernelManager
 
@@ -120,36 +96,57 @@ def _failing_line(traceback: list[str]) -> str:
     return ""
 
 
-async def _run_cells(spec: dict) -> dict:
-    """Run the cells; {"statuses": one dict per cell, "error": None or why the kernel failed}."""
-    from nbclient.exceptions import DeadKernelError
-
-    timeout = float(spec["timeout"])
-    memory_mb = int(spec["memory_mb"])
-    grace = float(spec.get("grace", GRACE_S))
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in spec["cells"]]
-    client = _client_class()(
-        nb,
-        timeout=timeout,
-        interrupt_on_timeout=True,
-        allow_errors=True,
-        record_timing=False,
-        startup_timeout=STARTUP_S,
-        shutdown_kernel="immediate",
-        iopub_timeout=5,
-    )
-    launch = {
-        "cwd": spec["cwd"],
-        "env": spec["env"],
-        "stdout": subprocess.DEVNULL,
-        "stderr": subprocess.DEVNULL,
-        "stdin": subprocess.DEVNULL,
+def _status_of(cell, limit: float, seconds: float) -> dict:
+    """What an executed cell's outputs say: ok, a timeout (interrupted at its limit) or an error."""
+    errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+    if not errors:
+        return {"status": "ok"}
+    e = errors[-1]
+    if e.get("ename") == "KeyboardInterrupt" and seconds >= limit:
+        return {"status": "timeout"}
+    return {
+        "status": "error",
+        "ename": e.get("ename", ""),
+        "evalue": ANSI.sub("", e.get("evalue", ""))[:4000],
+        "line": _failing_line(e.get("traceback", [])),
     }
-    ipc = spec.get("ipc")
-    watch = Watch(spec)
 
-    async def start() -> None:
+
+def _skipped(reason: str, n: int) -> list[dict]:
+    return [{"status": "skipped", "reason": reason}] * n
+
+
+class KernelRun:
+    """The cells of one submission in one kernel, each under its own limit (`spec["limits"]`).
+
+    `run()` goes through the cells in order. A cell that kills the kernel or ignores the
+    interrupt ("died", "stuck") costs a restart: a fresh kernel replays the cells that ran
+    normally before it (probes excepted: their files are already collected) and the run goes on,
+    at most MAX_RESTARTS times."""
+
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.limits = [float(t) for t in spec["limits"]]
+        self.memory_mb = int(spec["memory_mb"])
+        self.nb = nbformat.v4.new_notebook()
+        self.nb.cells = [nbformat.v4.new_code_cell(s, metadata={"limit": t})
+                         for s, t in zip(spec["cells"], self.limits)]
+        self.client = _client_class()(
+            self.nb,
+            timeout_func=lambda cell: cell.metadata["limit"],
+            interrupt_on_timeout=True,
+            allow_errors=True,
+            record_timing=False,
+            startup_timeout=STARTUP_S,
+            shutdown_kernel="immediate",
+            iopub_timeout=5,
+        )
+        self.watch = Watch(spec)
+        self.statuses: list[dict] = []
+        self.restarts = 0
+
+    async def start(self) -> None:
+        ipc = self.spec.get("ipc")
         if ipc:  # sockets as files in a folder the sandbox shares: no TCP port to reach
             for old in Path(ipc).iterdir():
                 old.unlink()
@@ -157,106 +154,103 @@ async def _run_cells(spec: dict) -> dict:
                                          connection_file=str(Path(ipc) / "kernel.json"))
         else:
             km = _kernel_manager_class()(kernel_name="python3")
-        km.memory_mb = memory_mb
-        km.sandbox = list(spec.get("sandbox") or [])
-        client.km = km
-        await client.async_start_new_kernel(**launch)
-        await client.async_start_new_kernel_client()
+        km.memory_mb = self.memory_mb
+        km.sandbox = list(self.spec.get("sandbox") or [])
+        self.client.km = km
+        await self.client.async_start_new_kernel(
+            cwd=self.spec["cwd"], env=self.spec["env"], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        await self.client.async_start_new_kernel_client()
 
-    async def stop() -> None:
+    async def stop(self) -> None:
         try:
-            await asyncio.wait_for(client._async_cleanup_kernel(), 20)
+            await asyncio.wait_for(self.client._async_cleanup_kernel(), 20)
         except Exception:  # noqa: BLE001 - already dead is fine
-            pgid = getattr(getattr(client.km, "provisioner", None), "pgid", None)
+            pgid = getattr(getattr(self.client.km, "provisioner", None), "pgid", None)
             if pgid:
                 kill_group(pgid)
-        client.kc = client.km = None
+        self.client.kc = self.client.km = None
 
-    async def run(i: int, replay: bool = False) -> dict:
-        t0 = time.monotonic()
-        st = await execute(i)
-        st["seconds"] = round(time.monotonic() - t0, 3)
-        if not replay:
-            collect(spec, i)
-        found = watch.check()
-        if found:
-            st["intrusions"] = found
-        return st
+    async def execute(self, i: int) -> dict:
+        """Run cell i once: its status, with the kernel's own error when it raised."""
+        from nbclient.exceptions import DeadKernelError
 
-    async def execute(i: int) -> dict:
-        cell = nb.cells[i]
+        cell, limit = self.nb.cells[i], self.limits[i]
         before = asyncio.all_tasks()
         t0 = time.monotonic()
         try:
             await asyncio.wait_for(
-                client.async_execute_cell(cell, i, store_history=False), timeout + grace
+                self.client.async_execute_cell(cell, i, store_history=False), limit + grace(limit)
             )
         except (DeadKernelError, asyncio.TimeoutError, asyncio.CancelledError):
             for task in asyncio.all_tasks() - before - {asyncio.current_task()}:
                 task.cancel()
-            stuck = time.monotonic() - t0 >= timeout
-            return {"status": "stuck" if stuck else "died"}
+            return {"status": "stuck" if time.monotonic() - t0 >= limit else "died"}
         except Exception as e:  # noqa: BLE001 - report, never crash the worker
             return {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
-        errors = [o for o in cell.outputs if o.get("output_type") == "error"]
-        if not errors:
-            return {"status": "ok"}
-        e = errors[-1]
-        if e.get("ename") == "KeyboardInterrupt" and time.monotonic() - t0 >= timeout:
-            return {"status": "timeout"}
-        return {
-            "status": "error",
-            "ename": e.get("ename", ""),
-            "evalue": ANSI.sub("", e.get("evalue", ""))[:4000],
-            "line": _failing_line(e.get("traceback", [])),
-        }
+        return _status_of(cell, limit, time.monotonic() - t0)
 
-    statuses: list[dict] = []
-    restarts = 0
-    try:
-        await start()
-        watch.baseline()
-    except Exception as e:  # noqa: BLE001 - e.g. a memory cap too small for Python itself
-        reason = (
-            f"the kernel could not start ({type(e).__name__}: {str(e)[:200]}); "
-            f"is the memory cap of {memory_mb} MB too small?"
-        )
-        return {
-            "statuses": [{"status": "skipped", "reason": reason}] * len(nb.cells),
-            "error": reason,
-        }
-    try:
-        i = 0
-        while i < len(nb.cells):
-            st = await run(i)
-            statuses.append(st)
-            i += 1
-            if st["status"] not in ("died", "stuck"):
-                continue
-            await stop()
-            if restarts >= MAX_RESTARTS:
-                reason = f"not run: the kernel died or hung {restarts + 1} times before this cell"
-                statuses += [{"status": "skipped", "reason": reason}] * (len(nb.cells) - i)
-                break
-            restarts += 1
-            try:
-                await start()
-            except Exception as e:  # noqa: BLE001
-                reason = f"not run: the kernel could not be restarted ({type(e).__name__})"
-                statuses += [{"status": "skipped", "reason": reason}] * (len(nb.cells) - i)
-                break
-            # Rebuild the state the later cells expect: replay what ran normally before.
-            for j in range(i - 1):
-                if statuses[j]["status"] in ("ok", "error") and not spec["collect"][j]:
-                    replay = await run(j, replay=True)
-                    if replay["status"] in ("died", "stuck"):
-                        reason = "not run: the kernel died again while replaying earlier cells"
-                        statuses += [{"status": "skipped", "reason": reason}] * (len(nb.cells) - i)
-                        i = len(nb.cells)
-                        break
-    finally:
-        await stop()
-    return {"statuses": statuses, "error": None}
+    async def run_cell(self, i: int, replay: bool = False) -> dict:
+        """Execute cell i, collect its probe files (not on a replay) and look for intrusions."""
+        t0 = time.monotonic()
+        st = await self.execute(i)
+        st["seconds"] = round(time.monotonic() - t0, 3)
+        if not replay:
+            collect(self.spec, i)
+        found = self.watch.check()
+        if found:
+            st["intrusions"] = found
+        return st
+
+    async def recover(self, i: int) -> bool:
+        """After cell i-1 killed or hung the kernel: restart it and replay what ran normally
+        before, so the later cells find the state they expect. False: give up (the remaining
+        cells are marked skipped)."""
+        await self.stop()
+        left = len(self.nb.cells) - i
+        if self.restarts >= MAX_RESTARTS:
+            reason = f"not run: the kernel died or hung {self.restarts + 1} times before this cell"
+            self.statuses += _skipped(reason, left)
+            return False
+        self.restarts += 1
+        try:
+            await self.start()
+        except Exception as e:  # noqa: BLE001
+            reason = f"not run: the kernel could not be restarted ({type(e).__name__})"
+            self.statuses += _skipped(reason, left)
+            return False
+        for j in range(i - 1):
+            if self.statuses[j]["status"] in ("ok", "error") and not self.spec["collect"][j]:
+                if (await self.run_cell(j, replay=True))["status"] in DEAD:
+                    reason = "not run: the kernel died again while replaying earlier cells"
+                    self.statuses += _skipped(reason, left)
+                    return False
+        return True
+
+    async def run(self) -> dict:
+        """{"statuses": one dict per cell, "error": None or why the kernel failed, "started":
+        whether the first kernel started at all (if not, nothing of the submission ran)}."""
+        try:
+            await self.start()
+            self.watch.baseline()
+        except Exception as e:  # noqa: BLE001 - e.g. a memory cap too small for Python itself
+            reason = (
+                f"the kernel could not start ({type(e).__name__}: {str(e)[:200]}); "
+                f"is the memory cap of {self.memory_mb} MB too small?"
+            )
+            return {"statuses": _skipped(reason, len(self.nb.cells)), "error": reason,
+                    "started": False}
+        try:
+            i = 0
+            while i < len(self.nb.cells):
+                st = await self.run_cell(i)
+                self.statuses.append(st)
+                i += 1
+                if st["status"] in DEAD and not await self.recover(i):
+                    break
+        finally:
+            await self.stop()
+        return {"statuses": self.statuses, "error": None, "started": True}
 
 
 def collect(spec: dict, i: int) -> None:
@@ -351,7 +345,7 @@ def _worker_main(ctl: str) -> int:
     spec = json.loads((Path(ctl) / "spec.json").read_text(encoding="utf-8"))
     if sys.platform == "win32":  # pyzmq's asyncio sockets need a selector loop on Windows
         asyncio.set_event_loop_policy(asyncio.WindowsSelectorEventLoopPolicy())
-    result = asyncio.run(_run_cells(spec))
+    result = asyncio.run(KernelRun(spec).run())
     if os.path.isdir("/proc"):
         _kill_children()
     result["token"] = token
