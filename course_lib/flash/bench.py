@@ -271,7 +271,7 @@ def plot_cpu(rows: list[dict], fig=None):
         ax_m.plot(ns, [max(r["peak_mib"], 1e-3) for r in mine], "o-", label=method)
     ns = sorted({r["n"] for r in rows})
     ax_m.plot(ns, [n * n * 4 / MiB for n in ns], "k--", lw=1, label="one n×n fp32 grid")
-    for ax, title, unit in ((ax_t, "time", "time (ms)"),
+    for ax, title, unit in ((ax_t, "time", "median time (ms)"),
                             (ax_m, "peak extra memory", "memory (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
