@@ -13,7 +13,8 @@
 #
 # Uses the machine's own torch and Triton and imports the course from this working tree (no
 # install step). If the machine has no pytest, put a pure-Python copy in .gpu-pydeps/
-# (`pip install --target .gpu-pydeps pytest pytest-xdist`) and carry it; it is found last.
+# (`pip install --target .gpu-pydeps pytest pytest-xdist`; git ignores it, so name it in the
+# device tool's carry list); it goes last on PYTHONPATH, after the machine's own packages.
 # Writes, each as soon as it is known:
 #   $OUT/results.jsonl   one JSON object per result, every row naming its stage
 #   $OUT/summary.md      the tables and the targets; rewritten after every stage

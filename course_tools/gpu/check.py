@@ -10,7 +10,8 @@ process group, under its own time limit: a stage that faults (a CUDA error makes
 CUDA call in its process fail), crashes or runs past its limit is recorded, its whole process
 group is killed, and the next stage starts in a fresh process. Stages append their rows to
 DIR/results.jsonl as they go; DIR/summary.md is rewritten after every stage (and on SIGTERM);
-each stage's output is in DIR/logs/STAGE.log. This process never imports torch.
+each stage's output is in DIR/logs/STAGE.log. This process makes no CUDA call (importing
+course_lib asks torch.cuda.is_available(), nothing more) and never imports Triton.
 """
 
 from __future__ import annotations

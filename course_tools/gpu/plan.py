@@ -1,8 +1,8 @@
 """What the GPU check runs: the sizes (a GPU plan and a tiny dry-run one), the stages in order
 with their time limits, and the check's own estimate of how long each takes on an H200 machine.
 
-Plain Python, no torch: the orchestrator (`course_tools.gpu.check`) reads it without touching
-CUDA, and each stage's child process (`course_tools.gpu.stages`) rebuilds the same plan.
+Plain Python, no CUDA: the orchestrator (`course_tools.gpu.check`) reads it without touching
+the GPU, and each stage's child process (`course_tools.gpu.stages`) rebuilds the same plan.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The GPU check's record: results.jsonl, appended one row at a time by each stage's process
 (a killed stage keeps what it wrote), and summary.md built from it (see `course_tools.gpu.check`).
 
-No torch here: the orchestrator writes the summary even when every stage crashed.
+No CUDA here: the orchestrator writes the summary even when every stage crashed.
 """
 
 from __future__ import annotations
