@@ -214,6 +214,8 @@ def main(argv=None) -> int:
     if not args.dry_run:
         notes.append(f"estimate {sum(s.estimate_s for s in stages):.0f} s, deadline "
                      f"{args.deadline:.0f} s")
+        print("gpu_check: " + ", ".join(f"{s.name} ~{s.estimate_s:.0f} s" for s in stages)
+              + f" (estimate {sum(s.estimate_s for s in stages):.0f} s)", flush=True)
 
     def stop(signum, _frame):  # `timeout` sends SIGTERM: kill the stage, keep the summary
         if runner.current is not None:
