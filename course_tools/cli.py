@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_hub)
 
     p = sub.add_parser("submit", help="learners on the hub: hand in an exercise notebook")
-    p.add_argument("notebook", nargs="*", type=Path, help="the saved .ipynb file(s)")
+    p.add_argument("notebook", nargs="*", type=Path,
+                   help="the .ipynb file(s), as saved: save (Ctrl-S) before handing in")
     p.add_argument("--list", action="store_true", help="list your hand-ins so far")
     p.set_defaults(func=cmd_submit)
     return parser

@@ -81,8 +81,7 @@ def main(args) -> int:
             kept = (" (earlier hand-ins of it are kept; the latest is graded)"
                     if answer["count"] > 1 else "")
             print(f"handed in {path} as {answer['learner']} at {answer['handed_in']}: hand-in "
-                  f"{answer['count']} of {answer['notebook']}{kept}. Save before you hand in: "
-                  "what is on disk is what counts.")
+                  f"{answer['count']} of {answer['notebook']}{kept}.")
     except SubmitError as e:
         print(f"course submit: {e}", file=sys.stderr)
         return 1
