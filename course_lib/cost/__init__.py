@@ -126,7 +126,8 @@ def time_parts(lengths, d_model: int = 128, num_heads: int = 2, d_mlp: int | Non
     projections: the Q, K, V and output maps; mlp: the MLP; attention: scores, mask, softmax and
     blend (chapter 02's scaled_dot_product_attention on the heads). One row per n with those
     three times and attention's share of their sum. LayerNorms and residual adds are left out.
-    Runs on `num_threads` CPU threads (None: torch's current setting).
+    Runs on `num_threads` CPU threads (None: torch's current setting). A part stops repeating
+    once its runs have taken a second (a slow machine gets fewer runs, not a longer wait).
     """
     torch.manual_seed(seed)
     layer = Layer(d_model, num_heads, d_mlp).eval()
@@ -148,7 +149,7 @@ def _time_one(layer: Layer, n: int, num_heads: int, repeats: int) -> dict[str, f
     def projections():
         return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), attn.out_proj(heads)
 
-    return {"projections": time_call(projections, repeats=repeats).median,
-            "mlp": time_call(lambda: layer.mlp(x), repeats=repeats).median,
+    return {"projections": time_call(projections, repeats=repeats, max_seconds=1.0).median,
+            "mlp": time_call(lambda: layer.mlp(x), repeats=repeats, max_seconds=1.0).median,
             "attention": time_call(lambda: scaled_dot_product_attention(q, k, v, mask),
-                                   repeats=repeats).median}
+                                   repeats=repeats, max_seconds=1.0).median}
