@@ -9,8 +9,10 @@ from course_lib.models.one_layer import (
     Aligner,
     CopyPrevious,
     KindLookup,
+    PredecessorScores,
     copy_previous_batch,
     kind_lookup_batch,
+    predecessor_batch,
     reverse_translate_batch,
 )
 from course_lib.train import evaluate, train
@@ -146,3 +148,56 @@ def test_both_scores_learn_the_alignment(score):
 def test_aligner_rejects_an_unknown_score():
     with pytest.raises(ValueError, match=r"score must be one of \('dot', 'additive'\)"):
         Aligner("cosine")
+
+
+@pytest.mark.parametrize("n", [3, 6])
+def test_predecessor_targets_point_one_back_around_the_circle(n):
+    (word_ids, places), target = predecessor_batch(torch.Generator().manual_seed(0), size=20,
+                                                   vocab=9, n=n)
+    assert word_ids.shape == places.shape == target.shape == (20, n)
+    assert torch.equal(target[0], (torch.arange(n) - 1) % n)
+    assert torch.equal((places - places[:, :1]) % n, torch.arange(n).expand(20, n))
+
+
+def test_predecessor_model_is_chapter_02s_inline_model():
+    # chapter 02 draws, from one generator seeded 1: emb, pos, W_Q, then W_K (unless tied)
+    g = torch.Generator().manual_seed(1)
+    emb, pos = torch.randn(50, 16, generator=g) * 0.5, torch.randn(6, 16, generator=g) * 0.5
+    W_Q, W_K = (torch.randn(16, 16, generator=g) / 4 for _ in range(2))
+    batch, _ = predecessor_batch(torch.Generator().manual_seed(2), size=4)
+    x = emb[batch[0]] + pos[batch[1]]
+    want = (x @ W_Q) @ (x @ W_K).transpose(-2, -1) / 4
+    torch.testing.assert_close(PredecessorScores()(batch), want, rtol=0, atol=0)
+    tied = PredecessorScores(tied=True)
+    assert tied.W_K is tied.W_Q
+    scores = tied(batch)
+    torch.testing.assert_close(scores, scores.transpose(-2, -1))          # symmetric
+
+
+def test_without_places_the_scores_only_see_words():
+    model = PredecessorScores(places=False)
+    assert model.pos is None
+    assert sum(p.numel() for p in model.parameters()) == 50 * 16 + 2 * 16 * 16
+    (word_ids, places), _ = predecessor_batch(torch.Generator().manual_seed(0), size=3)
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    moved = model((word_ids, (places + 2) % 6))                          # other places: no change
+    torch.testing.assert_close(moved, model((word_ids, places)))
+    shuffled = model((word_ids[:, perm], places))                        # permutation-equivariant
+    torch.testing.assert_close(shuffled, model((word_ids, places))[:, perm][:, :, perm])
+
+
+def test_places_are_what_make_the_predecessor_learnable():
+    test = predecessor_batch(torch.Generator().manual_seed(3), size=500)
+    accuracy = {}
+    for places in (True, False):
+        model = PredecessorScores(places=places)
+        train(model, predecessor_batch, steps=150, lr=1e-2, seed=2, clip=None, progress=False)
+        accuracy[places] = evaluate(model, *test)
+    assert accuracy[True] > 0.95 and accuracy[False] < 0.3
+
+
+def test_predecessor_bad_sizes_name_the_argument():
+    with pytest.raises(ValueError, match="d_k must be a positive integer"):
+        PredecessorScores(d_k=0)
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        predecessor_batch(torch.Generator(), n=-1)

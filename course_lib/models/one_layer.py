@@ -10,6 +10,9 @@
 * `Aligner` + `reverse_translate_batch` (chapter 02, where the dot product came from): a toy
   translation whose target positions must align with source positions, scored either by a dot
   product or by additive attention, the score attention was introduced with.
+* `PredecessorScores` + `predecessor_batch` (chapter 02's tied-vs-separate experiment, reused in
+  chapter 07): the scores themselves are the logits, and the right key is the previous token on
+  a circle; `places=False` drops the place embeddings, so the model sees only which words occur.
 
 Both models return `(logits, weights)`, so `course_lib.train.train` can train them and a notebook
 can plot what they attend to. Every parameter is drawn from the model's own seeded generator.
@@ -189,3 +192,49 @@ class Aligner(nn.Module):
         k, v = x @ self.W_K, x @ self.W_V                                   # (B, n_s, d)
         weights = torch.softmax(self.scores(self.target_pos[:n], k), -1)   # (B, n_t, n_s)
         return weights @ v @ self.W_O + self.b_O, weights                   # (B, n_t, vocab)
+
+
+# --- chapter 02 (built inline there), chapter 07: attend to your predecessor ---------------------
+
+
+def predecessor_batch(generator: torch.Generator, size: int = 32, vocab: int = 50, n: int = 6):
+    """Chapter 02's predecessor task: `n` random words on a circle starting at a random place.
+
+    Returns `((word_ids, places), target)`, all (size, n); target[:, i] = (i - 1) % n, the index
+    of the token before token i (the first token's predecessor is the last).
+    """
+    for name, value in (("size", size), ("vocab", vocab), ("n", n)):
+        check_count(value, name)
+    word_ids = torch.randint(vocab, (size, n), generator=generator)                       # (B, n)
+    places = (torch.randint(n, (size, 1), generator=generator) + torch.arange(n)) % n     # (B, n)
+    return (word_ids, places), ((torch.arange(n) - 1) % n).expand(size, n)
+
+
+class PredecessorScores(nn.Module):
+    """Chapter 02's `ScoreModel`: word (+ place) embeddings, scores (x W_Q)(x W_K)^T / sqrt(d_k).
+
+    The score row of query i is its logits over the keys (cross-entropy against its predecessor).
+    tied: W_K is W_Q (the scores are symmetric). places: add a learned embedding of each token's
+    place on the circle (False: x is the word embedding alone, so nothing says where a token is).
+    With the defaults it is chapter 02's inline model, parameter for parameter.
+    """
+
+    def __init__(self, tied: bool = False, places: bool = True, vocab: int = 50, n: int = 6,
+                 d_x: int = 16, d_k: int = 16, seed: int = 1):
+        super().__init__()
+        for name, value in (("vocab", vocab), ("n", n), ("d_x", d_x), ("d_k", d_k)):
+            check_count(value, name)
+        g = torch.Generator().manual_seed(seed)
+        self.emb = _init(g, vocab, d_x, std=0.5)                         # word embeddings
+        pos = _init(g, n, d_x, std=0.5)                                  # drawn either way, so the
+        self.pos = pos if places else None                               # other weights match
+        self.W_Q = _init(g, d_x, d_k, std=1 / math.sqrt(d_x))
+        self.W_K = self.W_Q if tied else _init(g, d_x, d_k, std=1 / math.sqrt(d_x))
+        self.d_k = d_k
+
+    def forward(self, batch):
+        word_ids, places = batch                                         # (B, n), (B, n)
+        x = self.emb[word_ids]                                           # (B, n, d_x)
+        if self.pos is not None:
+            x = x + self.pos[places]
+        return (x @ self.W_Q) @ (x @ self.W_K).transpose(-2, -1) / math.sqrt(self.d_k)  # (B, n, n)
