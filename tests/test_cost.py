@@ -26,6 +26,17 @@ def test_counted_equals_closed_form(n, d, h, d_mlp):
     assert attention_share(counted) == pytest.approx(n / (n + 2 * d + (d_mlp or 4 * d)))
 
 
+def test_a_causal_kernel_halves_the_grid():
+    dense, causal = layer_flops(1000, 96), layer_flops(1000, 96, causal=True)
+    assert 2 * causal["scores"] == dense["scores"] and 2 * causal["blend"] == dense["blend"]
+    assert dense["total"] - causal["total"] == 2 * 1000 * 1000 * 96
+    assert attention_share(causal) == pytest.approx(1000 / (1000 + 12 * 96))
+    # the essay's "at a hundred thousand tokens": a 7B-wide layer, dense 80%, causal 67%
+    assert attention_share(layer_flops(100_000, 4096)) == pytest.approx(0.8027, abs=1e-4)
+    assert attention_share(layer_flops(100_000, 4096, causal=True)) == pytest.approx(0.6705,
+                                                                                     abs=1e-4)
+
+
 def test_counting_a_real_cpu_layer_gives_the_same_numbers():
     cpu = count_flops(64, 32, 2, device="cpu")
     assert cpu == count_flops(64, 32, 2)  # meta: same dispatch, same FLOPs

@@ -62,12 +62,18 @@ class Layer(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-def layer_flops(n: int, d_model: int, d_mlp: int | None = None) -> dict[str, int]:
-    """The closed form above for one sequence of n tokens: FLOPs of each part, and the total."""
+def layer_flops(n: int, d_model: int, d_mlp: int | None = None,
+                causal: bool = False) -> dict[str, int]:
+    """The closed form above for one sequence of n tokens: FLOPs of each part, and the total.
+
+    causal=True: a causal kernel that skips the masked half does half the score grid and half
+    the blend (n²·d each), so the share becomes n / (n + 2·(2d + d_mlp)).
+    """
     n, d = check_count(n, "n"), check_count(d_model, "d_model")
     d_mlp = 4 * d if d_mlp is None else check_count(d_mlp, "d_mlp")
+    grid = n * n * d if causal else 2 * n * n * d          # per product: half the pairs, or all
     parts = {"qkv": 6 * n * d * d, "out": 2 * n * d * d, "mlp": 4 * n * d * d_mlp,
-             "scores": 2 * n * n * d, "blend": 2 * n * n * d}
+             "scores": grid, "blend": grid}
     return {**parts, "total": sum(parts.values())}
 
 
