@@ -50,7 +50,13 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
+    from course_tools.grader.pipeline import sandbox_gate
     from course_tools.hub.collection import is_collection
+
+    refused = sandbox_gate(args)  # no sandbox: only with --unsafe-no-sandbox, said out loud
+    if refused is not None:
+        return refused
+    args.no_sandbox = args.unsafe_no_sandbox  # what the hub's collection grader reads
 
     if len(args.submissions) == 1 and is_collection(args.submissions[0]):
         from course_tools.hub.collection import main_grade  # the hub's hand-ins, by learner
@@ -152,8 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--python-path", action="append", metavar="DIR", default=None,
                    help="a folder the kernel may import from (e.g. your own checkers); read-only")
-    p.add_argument("--no-sandbox", action="store_true",
-                   help="run the kernels without bubblewrap even where it works (debugging)")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="run the kernels without bubblewrap (where there is none, or to debug); "
+                        "prints what a submission can then do")
+    p.add_argument("--no-sandbox", action="store_true", help=argparse.SUPPRESS)  # renamed
     p.set_defaults(func=cmd_grade)
 
     p = sub.add_parser("hub", help="instructors: run the workshop's JupyterHub (as root, Linux)")

@@ -67,7 +67,7 @@ def test_an_uninstalled_checkout_grades_and_a_slow_set_up_does_not_cost_the_lear
     assert found.stdout.strip() == str(checkout / "course_lib" / "__init__.py")
     cmd = [sys.executable, "-m", "course_tools", "grade", str(mine), "--json",
            "--timeout", str(TIMEOUT), "--memory-mb", "1024", "--solutions", str(solutions),
-           "--python-path", str(pylib), *(["--no-sandbox"] if mode == "no sandbox" else [])]
+           "--python-path", str(pylib), *(["--unsafe-no-sandbox"] if mode == "no sandbox" else [])]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     (result,) = json.loads(done.stdout)

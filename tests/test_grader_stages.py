@@ -304,7 +304,7 @@ def test_the_preflight_cell_checks_which_course_lib_the_kernel_imported(tmp_path
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the memory cap is Linux-only")
 def test_the_launcher_caps_memory_then_becomes_the_command():
     show = "import resource; print(resource.getrlimit(resource.RLIMIT_DATA))"
-    done = subprocess.run([sys.executable, "-I", LAUNCHER, "300", sys.executable, "-c", show],
+    done = subprocess.run([sys.executable, "-I", LAUNCHER, "300", "0", sys.executable, "-c", show],
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == str((300 << 20, 300 << 20)), done.stderr
 

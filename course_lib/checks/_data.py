@@ -21,6 +21,8 @@ MAX_NUMEL = 2**24                # tensor elements over all outcomes of one prob
 MAX_DEPTH = 12                   # nesting of tuples/lists/dicts
 MAX_ITEMS = 100_000              # container entries over all outcomes
 MAX_TEXT = 20_000                # characters of one string (error messages are cut to it)
+MAX_PICKLE_BYTES = 2 * 2**20     # the outcome file's pickle (its structure; tensor data aside)
+MAX_RECORDS = 4096               # entries of the outcome file's zip (one per tensor storage)
 
 _ARRAY = "__ndarray__"           # how a NumPy array in a case travels: {"__ndarray__": tensor}
 
@@ -46,7 +48,7 @@ def to_data(x: Any, budget: dict | None = None, depth: int = 0) -> Any:
     if isinstance(x, np.ndarray):
         if x.dtype.kind not in "biufc":
             raise _Unreadable(f"a NumPy array of {x.dtype}")
-        return _tensor(torch.from_numpy(np.ascontiguousarray(x)), budget)
+        return _tensor(torch.from_numpy(_contiguous(x)), budget)
     if isinstance(x, np.generic):
         return to_data(x.item(), budget, depth + 1) if x.dtype.kind in "biufc" else _bad(x)
     for base in (bool, int, float, complex, str):  # subclasses: IntEnum, numpy-free float types
@@ -65,6 +67,12 @@ def to_data(x: Any, budget: dict | None = None, depth: int = 0) -> Any:
             out[k] = to_data(v, budget, depth + 1)
         return out
     return _bad(x)
+
+
+def _contiguous(x: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy or view of the same shape (np.ascontiguousarray makes a 0-d array
+    shape (1,), which would mark a right 0-d answer wrong)."""
+    return np.require(x, requirements="C")
 
 
 def _bad(x: Any):
@@ -96,7 +104,7 @@ def encode(cases: Any) -> Any:
     """Cases as data `torch.load(weights_only=True)` accepts: NumPy arrays become
     {"__ndarray__": tensor}, NumPy scalars Python numbers; everything is a fresh copy."""
     if isinstance(cases, np.ndarray):
-        return {_ARRAY: torch.from_numpy(np.ascontiguousarray(cases)).clone()}
+        return {_ARRAY: torch.from_numpy(_contiguous(cases)).clone()}
     if isinstance(cases, np.generic):
         return cases.item()
     if isinstance(cases, torch.Tensor):
@@ -136,11 +144,39 @@ def load_data(path: str | os.PathLike, *, max_bytes: int = MAX_OUTCOME_BYTES) ->
         raise OutcomeError(f"no result file at {path}: {e}") from None
     if size > max_bytes:
         raise OutcomeError(f"the result file has {size} bytes, more than the limit of {max_bytes}")
+    _refuse_expanding(path, max_bytes)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - UnpicklingError, a truncated zip, anything
         raise OutcomeError(f"the result file is not plain data ({type(e).__name__}: "
                            f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+
+
+def _refuse_expanding(path: str | os.PathLike, max_bytes: int) -> None:
+    """Refuse, before torch reads it, a file that would take more memory than its size: torch
+    allocates what a zip entry declares, so a 1 MB deflated entry may declare 1 GiB. The probe
+    writes every entry stored (torch.save never compresses), so a compressed entry, a total
+    declared size over the limit, an over-large pickle or too many entries is a forgery."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise OutcomeError(f"the result file is not a torch zip file ({type(e).__name__})") from None
+    if len(entries) > MAX_RECORDS:
+        raise OutcomeError(f"the result file has {len(entries)} entries, more than {MAX_RECORDS}")
+    declared = 0
+    for entry in entries:
+        if entry.compress_type != zipfile.ZIP_STORED or entry.file_size != entry.compress_size:
+            raise OutcomeError(f"the result file has a compressed entry ({entry.filename[:80]!r} "
+                               f"declares {entry.file_size} bytes); torch.save writes none")
+        if entry.filename.endswith("data.pkl") and entry.file_size > MAX_PICKLE_BYTES:
+            raise OutcomeError(f"the result file's structure takes {entry.file_size} bytes, "
+                               f"more than {MAX_PICKLE_BYTES}")
+        declared += entry.file_size
+    if declared > max_bytes:
+        raise OutcomeError(f"the result file declares {declared} bytes, more than {max_bytes}")
 
 
 def load_outcomes(path: str | os.PathLike, *, max_bytes: int = MAX_OUTCOME_BYTES,

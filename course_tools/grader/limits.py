@@ -14,6 +14,14 @@ MAX_RESTARTS = 3  # kernel restarts per submission before the remaining cells ar
 STARTUP_S = 60  # seconds allowed for a kernel to start
 SETUP_S = 300  # seconds allowed for one of the course's own cells (at least the learner's limit)
 COURSE_ROLES = ("preflight", "setup")  # the cells that come from the course, not the learner
+# What one submission may take from the machine beyond its kernel's --memory-mb (issue 23).
+FILE_MB = 128  # the largest file a kernel may write (RLIMIT_FSIZE; a result file is 64 MB at most)
+DISK_MB = 512  # all the files in a submission's folders together, checked while each cell runs
+DISK_FILES = 20_000  # ... and how many there may be
+WORKER_MB = 768  # the worker's own memory (RLIMIT_DATA): what a kernel's messages may cost it
+MESSAGE_MB = 16  # the largest message the worker accepts from a kernel (a larger one is dropped)
+FEEDBACK_CHARS = 2_000  # one exercise's feedback in the report
+MAX_FLAGS = 8  # tampering flags named per exercise (the rest are counted)
 
 
 def setup_limit(timeout: float) -> float:

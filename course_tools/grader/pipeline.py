@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 
+from course_tools.grader import guard
 from course_tools.grader.assemble import assemble
 from course_tools.grader.calls import checker_names
 from course_tools.grader.match import match_source
@@ -25,9 +28,9 @@ from course_tools.grader.read import (
 from course_tools.grader.report import format_csv, format_json, format_table
 from course_tools.grader.results import ExerciseResult, SubmissionResult
 from course_tools.grader.run import Settings, run_submission
-from course_tools.grader.sandbox import NOT_SANDBOXED
+from course_tools.grader.sandbox import NOT_SANDBOXED, unavailable
 from course_tools.grader.scan import scan_plan
-from course_tools.grader.score import score
+from course_tools.grader.score import cut, score
 
 
 def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
@@ -60,7 +63,7 @@ def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
                                   python_path=settings.given_path)
     if problem:
         raise GradingEnvironmentError(f"the grading environment is broken, not {path}: {problem}")
-    result.error = run.error
+    result.error = cut(run.error, 1000) if run.error else None
     result.exercises = score(source, plan, run, timeout=settings.timeout,
                              memory_mb=settings.memory_mb, suspicious=found)
     result.seconds = time.monotonic() - start
@@ -92,6 +95,9 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
     solutions = Path(solutions_dir) if solutions_dir else default_solutions_dir()
     folders = {p.resolve().parent for p in files if p.exists()}
     extra = [Path(p).resolve() for p in python_path or []]
+    refused = exposes(extra, solutions)
+    if refused:
+        raise GradingEnvironmentError(refused)
     settings = Settings(timeout=timeout, memory_mb=memory_mb, jobs=jobs, sandbox=sandbox,
                         python_path=[str(p) for p in extra],
                         hide=[solutions.resolve(), *sorted(folders)],
@@ -100,6 +106,7 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
         warn(NOT_SANDBOXED.format(why=settings.why_not_sandboxed))
 
     broken = threading.Event()  # set at the first GradingEnvironmentError: start no more
+    unsafe = settings.why_not_sandboxed is not None
 
     def one(p: Path) -> SubmissionResult | None:
         if broken.is_set():
@@ -112,17 +119,51 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
         except Exception as e:  # noqa: BLE001 - a grader bug on one file must not stop the others
             return SubmissionResult(str(p), error=f"internal grader error: {type(e).__name__}: {e}")
 
+    # Without a sandbox a kernel can signal the grader: catchable signals from its own
+    # descendants are ignored (SignalShield), SIGSTOP is undone by a watchdog process.
+    shield = guard.SignalShield() if unsafe else contextlib.nullcontext()
+    dog = guard.watchdog(settings.run_token) if unsafe else None
     try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        with shield, ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(one, p) for p in files]
             try:
-                return [f.result() for f in futures]
-            except GradingEnvironmentError:
+                return [_result(f, shield) for f in futures]
+            except (GradingEnvironmentError, KeyboardInterrupt):
                 for f in futures:  # the same environment would fail them all: stop here
                     f.cancel()
                 raise
     finally:
+        if dog is not None:
+            dog.kill()
+            dog.wait()
         settings.close()
+
+
+def _result(future, shield) -> SubmissionResult:
+    """A future's result; with a SignalShield, a real Ctrl-C raises KeyboardInterrupt here."""
+    interrupted = getattr(shield, "interrupted", None)
+    if interrupted is None:
+        return future.result()
+    while True:
+        try:
+            return future.result(timeout=0.2)
+        except FuturesTimeout:
+            if interrupted.is_set():
+                raise KeyboardInterrupt from None
+
+
+def exposes(python_path: list[Path], solutions: Path) -> str | None:
+    """Why a --python-path folder would show the kernel the solutions (it is solutions/, inside
+    it, or a folder above it), or None."""
+    sol = Path(solutions).resolve()
+    for folder in python_path:
+        if folder == sol or sol.is_relative_to(folder) or folder.is_relative_to(sol):
+            where = ("is" if folder == sol else
+                     "holds" if sol.is_relative_to(folder) else "is inside")
+            return (f"--python-path {folder} {where} the solutions folder {sol}: the kernel could "
+                    "import or read the solutions from it; give a folder that holds only your "
+                    "own modules")
+    return None
 
 
 def _stopped(command: str, error: GradingEnvironmentError) -> int:
@@ -136,6 +177,38 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+UNSAFE = (
+    "course grade: --unsafe-no-sandbox: the kernels run WITHOUT a sandbox, as you, and a "
+    "submission's code can: read solutions/ and any file you can; write wherever you can (the "
+    "grader puts back the course files and submissions it watches, and flags the change); use "
+    "the network; signal or kill your other processes (the grader ignores catchable signals "
+    "from its kernels and undoes SIGSTOP; SIGKILL stops it). The judging stays in the grader's "
+    "process. Grade only work you trust this way."
+)
+REFUSED = (
+    "course grade: refusing to grade: there is no sandbox here ({why}), so a submission's code "
+    "would run with your permissions (read solutions/, write your files, reach the network, "
+    "signal the grader). Install bubblewrap (Debian: apt-get install bubblewrap), or pass "
+    "--unsafe-no-sandbox to grade work you trust anyway."
+)
+
+
+def sandbox_gate(args: argparse.Namespace) -> int | None:
+    """`course grade` runs without a sandbox only when asked in so many words: None to go on
+    (after printing what --unsafe-no-sandbox allows), or the exit status of a refusal."""
+    if getattr(args, "no_sandbox", False):
+        _stderr("course grade: --no-sandbox is now --unsafe-no-sandbox (it says what it allows)")
+        return 2
+    if getattr(args, "unsafe_no_sandbox", False):
+        _stderr(UNSAFE)
+        return None
+    why = unavailable()
+    if why:
+        _stderr(REFUSED.format(why=why))
+        return 2
+    return None
+
+
 def main_grade(args: argparse.Namespace) -> int:
     missing = [p for p in args.submissions if not Path(p).exists()]
     try:
@@ -146,7 +219,7 @@ def main_grade(args: argparse.Namespace) -> int:
             jobs=getattr(args, "jobs", None),
             solutions_dir=getattr(args, "solutions", None),
             python_path=getattr(args, "python_path", None),
-            sandbox=not getattr(args, "no_sandbox", False),
+            sandbox=not getattr(args, "unsafe_no_sandbox", False),
             warn=_stderr,
         )
     except GradingEnvironmentError as e:

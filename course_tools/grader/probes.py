@@ -33,6 +33,10 @@ class Probe:
     def out(self) -> str:
         return f"{self.name}.out.pt"
 
+    @property
+    def inp(self) -> str:
+        return f"{self.name}.in.pt"
+
 
 @dataclass
 class Verdict:
@@ -41,8 +45,10 @@ class Verdict:
     flags: list[str] = field(default_factory=list)   # tampering found: 0 points and FLAGGED
 
 
-def prepare(call: CheckCall, io: Path) -> Probe:
-    """Make the cases (grader side) and the one cell that runs the learner's code on them."""
+def prepare(call: CheckCall, io: Path, store: Path | None = None) -> Probe:
+    """Make the cases (grader side) and the one cell that runs the learner's code on them.
+    The cases are saved in `store` (default `io`); the worker moves them into `io`, where the
+    cell reads them, just before the cell runs, and removes them after it."""
     import torch
 
     from course_lib.checks import encode
@@ -50,7 +56,7 @@ def prepare(call: CheckCall, io: Path) -> Probe:
     seed = secrets.randbelow(2**31)
     cases = call.check.cases(seed, True)
     name = "p" + secrets.token_hex(8)
-    torch.save(encode(cases), io / f"{name}.in.pt")
+    torch.save(encode(cases), (store or io) / f"{name}.in.pt")
     args = "".join(", " + a for a in call.args)
     source = (f'__import__("course_lib.checks", fromlist=["probe"]).probe('
               f'{call.check.id!r}, {str(io / (name + ".in.pt"))!r}, '

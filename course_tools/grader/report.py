@@ -63,9 +63,31 @@ def format_json(results: list[SubmissionResult]) -> str:
     return json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False) + "\n"
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(field):
+    """A CSV field a spreadsheet shows as text: one that starts with =, +, -, @, a tab or a
+    carriage return (which Excel, LibreOffice and Google Sheets would read as a formula) gets
+    a leading apostrophe. Numbers are left as they are."""
+    if isinstance(field, str) and field.startswith(FORMULA_START):
+        return "'" + field
+    return field
+
+
+class SafeWriter:
+    """csv.writer whose rows go through `csv_safe`."""
+
+    def __init__(self, buf):
+        self._w = csv.writer(buf, lineterminator="\n")
+
+    def writerow(self, row) -> None:
+        self._w.writerow([csv_safe(f) for f in row])
+
+
 def format_csv(results: list[SubmissionResult]) -> str:
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+    w = SafeWriter(buf)
     w.writerow(["submission", "exercise", "score", "max_score", "flagged", "feedback"])
     for r in results:
         if not r.exercises:

@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course_tools.grader import preflight, probes, sandbox
+from course_tools.grader import guard, preflight, probes, sandbox
 from course_tools.grader.assemble import Plan
 from course_tools.grader.limits import cell_limit, run_deadline
 from course_tools.grader.worker import LAUNCHER, kill_group
@@ -47,6 +47,7 @@ class Settings:
     snapshot: Path | None = None
     watch: dict[str, list[str]] = field(default_factory=dict)  # path -> [sha256, snapshot name]
     per_cell: set[str] = field(default_factory=set)  # watched after every cell
+    run_token: str = field(default_factory=lambda: secrets.token_hex(8))  # marks its processes
 
     def __post_init__(self):
         import course_lib
@@ -145,10 +146,11 @@ def run_submission(name: str, data: bytes, plan: Plan, settings: Settings) -> Ru
     try:
         (layout.work / (name if name.endswith(".ipynb") else "submission.ipynb")).write_bytes(data)
         (layout.ctl / "collected").mkdir()
+        (layout.ctl / "cases").mkdir()  # each probe's cases wait here until its cell runs
         path, course_lib = settings.kernel_lib(layout)
         for cell in plan.cells:
             if cell.role == "probe":
-                cell.probe = probes.prepare(cell.call, layout.io)
+                cell.probe = probes.prepare(cell.call, layout.io, layout.ctl / "cases")
                 cell.source = cell.probe.source
             elif cell.role == "preflight":
                 cell.source = preflight.source(cell.imports, course_lib)
@@ -167,11 +169,15 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings,
                 path: list[str]) -> RunResult:
     n = len(plan.cells)
     env = _worker_env(settings.jobs)
+    run_token = f"{settings.run_token}-{secrets.token_hex(4)}"
+    env[guard.RUN_TOKEN] = run_token  # the worker and its kernels carry it (sandbox.ENV_NAMES)
     limits = [cell_limit(c.role, settings.timeout) for c in plan.cells]
     spec = {
         "cells": [c.source for c in plan.cells],
         "limits": limits,  # the course's own cells get theirs, the learner's the --timeout
         "collect": [[c.probe.out] if c.role == "probe" else [] for c in plan.cells],
+        "deliver": [[c.probe.inp] if c.role == "probe" else [] for c in plan.cells],
+        "disk": [str(layout.work), str(layout.io), str(layout.home), str(layout.ipc)],
         "cwd": str(layout.work),
         "io": str(layout.io),
         "ctl": str(layout.ctl),
@@ -207,6 +213,9 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings,
         kill_group(proc.pid)
         out, err = proc.communicate()
         result.error = f"grading did not finish within {deadline:.0f} s; the rest was not run"
+    finally:  # whatever the submission started, in any session or group: nothing outlives it
+        guard.kill_run(proc.pid, run_token)
+        kill_group(proc.pid)
     if out.strip():
         result.flags.append(
             f"something wrote {len(out)} bytes into the grading worker's output (a forged result?)"

@@ -108,9 +108,28 @@ class Layout:
         return cls(Path(tempfile.mkdtemp(prefix="course-grade-")).resolve())
 
 
+# The grader's environment variables a kernel gets (issue 23: nothing else of the grader's
+# environment, which may hold tokens, passwords or paths, reaches a submission): where programs
+# and libraries are, the locale, and the numeric, GPU and Triton settings the course reads.
+ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONHASHSEED", "MPLBACKEND",
+             "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+             "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
+             "DNNL_MAX_CPU_ISA", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
+             "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
+             "COURSE_FLASH_AUTOTUNE", "COURSE_GRADE_RUN", "SYSTEMROOT", "COMSPEC", "PATHEXT",
+             "WINDIR"}
+ENV_PREFIXES = ("LC_", "TRITON_", "NVIDIA_")
+
+
+def allowed_env(base: dict[str, str]) -> dict[str, str]:
+    """The part of `base` a kernel may see (ENV_NAMES, ENV_PREFIXES)."""
+    return {k: v for k, v in base.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
+
+
 def kernel_env(layout: Layout, base: dict[str, str], python_path: list[str]) -> dict[str, str]:
-    """The kernel's environment: the grader's, with HOME and TMPDIR in its scratch folder."""
-    env = {k: v for k, v in base.items() if not k.startswith(("JPY_", "JUPYTER_"))}
+    """The kernel's environment: the allowed part of the grader's (`allowed_env`), with HOME and
+    TMPDIR in its scratch folder."""
+    env = allowed_env(base)
     home = layout.home
     # Caches a library would otherwise put in /tmp or ~ (and that the grader's own environment
     # may name: torch records its inductor cache in os.environ once it has used it).

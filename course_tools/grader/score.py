@@ -10,7 +10,7 @@ noticed before each judgement.
 from __future__ import annotations
 
 from course_tools.grader.assemble import Plan, RunCell
-from course_tools.grader.limits import cell_limit
+from course_tools.grader.limits import FEEDBACK_CHARS, MAX_FLAGS, cell_limit
 from course_tools.grader.probes import Verdict
 from course_tools.grader.read import Source
 from course_tools.grader.results import FLAG, PASSED, ExerciseResult
@@ -54,6 +54,9 @@ def describe(st: dict, limit: float, memory_mb: int) -> str:
         )
     if status == "skipped":
         return st.get("reason") or "not run"
+    if status == "quota":
+        return (f"the submission {st.get('reason') or 'filled its folders'}: the kernel was "
+                "stopped and the rest was not run")
     return _error_text(st, memory_mb)
 
 
@@ -90,12 +93,28 @@ def _dedupe(items: list[str]) -> list[str]:
     return list(dict.fromkeys(i for i in items if i))
 
 
+def cut(text: str, limit: int = FEEDBACK_CHARS) -> str:
+    """`text` at most `limit` characters long (what a submission says is bounded in the report)."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def _bounded_flags(flags: list[str]) -> list[str]:
+    """At most MAX_FLAGS flags, each cut short, and how many more there were."""
+    flags = [cut(f, 300) for f in _dedupe(flags)]
+    if len(flags) <= MAX_FLAGS:
+        return flags
+    return flags[:MAX_FLAGS] + [f"and {len(flags) - MAX_FLAGS} more"]
+
+
 def _feedback(messages: list[str], flags: list[str], parts: list[str]) -> str:
-    text = "; ".join(_dedupe(messages)) or "not run"
+    messages = [cut(m, FEEDBACK_CHARS // 2) for m in _dedupe(messages)]
+    text = "; ".join(messages) or "not run"
     if flags:
-        rest = "; ".join(m for m in _dedupe(messages) if m not in flags)
+        rest = "; ".join(m for m in messages if m not in flags)
         text = FLAG + "; ".join(flags) + (f" ({rest})" if rest else "")
-    return text + ("" if not parts else " [" + "; ".join(parts) + "]")
+    parts = [cut(p, 300) for p in parts[:MAX_FLAGS]]
+    return cut(text + ("" if not parts else " [" + "; ".join(parts) + "]"))
 
 
 def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_mb: int,
@@ -130,7 +149,7 @@ def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_
             messages.append(message)
         if not cells:
             messages = [describe({"status": "skipped"}, timeout, memory_mb)]
-        flags = _dedupe(flags)
+        flags = _bounded_flags(flags)
         if passed and not flags:
             results.append(ExerciseResult(gid, points, points, PASSED, hint=hint))
             continue

@@ -26,11 +26,22 @@ from pathlib import Path
 
 import nbformat
 
-from course_tools.grader.limits import MAX_RESTARTS, STARTUP_S, grace
+from course_tools.grader import guard
+from course_tools.grader.limits import (
+    DISK_FILES,
+    DISK_MB,
+    FILE_MB,
+    MAX_RESTARTS,
+    MESSAGE_MB,
+    STARTUP_S,
+    WORKER_MB,
+    grace,
+)
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 LAUNCHER = str(Path(__file__).resolve().with_name("launcher.py"))
 DEAD = ("died", "stuck")  # statuses after which the kernel is restarted
+QUOTA = "quota"  # the submission filled its folders: the kernel is stopped, the rest skipped
 
 
 def kill_group(pid: int) -> None:
@@ -64,7 +75,8 @@ def _kernel_manager_class():
             ]
             if os.name != "posix":
                 return cmd
-            return [*self.sandbox, sys.executable, "-I", LAUNCHER, str(self.memory_mb), *cmd]
+            return [*self.sandbox, sys.executable, "-I", LAUNCHER, str(self.memory_mb),
+                    str(FILE_MB), *cmd]
 
     return LimitedKernelManager
 
@@ -144,6 +156,8 @@ class KernelRun:
         self.watch = Watch(spec)
         self.statuses: list[dict] = []
         self.restarts = 0
+        self.over: str | None = None  # why the submission's folders are over the quota
+        self.folders = [f for f in spec.get("disk") or [] if f]
 
     async def start(self) -> None:
         ipc = self.spec.get("ipc")
@@ -155,6 +169,7 @@ class KernelRun:
         else:
             km = _kernel_manager_class()(kernel_name="python3")
         km.memory_mb = self.memory_mb
+        km.context = guard.message_context(MESSAGE_MB)  # shared by the client's sockets
         km.sandbox = list(self.spec.get("sandbox") or [])
         self.client.km = km
         await self.client.async_start_new_kernel(
@@ -178,6 +193,7 @@ class KernelRun:
         cell, limit = self.nb.cells[i], self.limits[i]
         before = asyncio.all_tasks()
         t0 = time.monotonic()
+        disk = asyncio.ensure_future(self.guard_disk())
         try:
             await asyncio.wait_for(
                 self.client.async_execute_cell(cell, i, store_history=False), limit + grace(limit)
@@ -185,14 +201,33 @@ class KernelRun:
         except (DeadKernelError, asyncio.TimeoutError, asyncio.CancelledError):
             for task in asyncio.all_tasks() - before - {asyncio.current_task()}:
                 task.cancel()
+            if self.over is not None:
+                return {"status": QUOTA, "reason": self.over}
             return {"status": "stuck" if time.monotonic() - t0 >= limit else "died"}
         except Exception as e:  # noqa: BLE001 - report, never crash the worker
             return {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
+        finally:
+            disk.cancel()
+        self.over = self.over or guard.over_quota(self.folders, DISK_MB, DISK_FILES)
+        if self.over is not None:
+            return {"status": QUOTA, "reason": self.over}
         return _status_of(cell, limit, time.monotonic() - t0)
+
+    async def guard_disk(self) -> None:
+        """While a cell runs: stop the kernel as soon as its folders hold more than the quota
+        (RLIMIT_FSIZE caps one file; this caps them all)."""
+        while self.over is None:
+            await asyncio.sleep(0.25)
+            self.over = guard.over_quota(self.folders, DISK_MB, DISK_FILES)
+        pgid = getattr(getattr(self.client.km, "provisioner", None), "pgid", None)
+        if pgid:
+            kill_group(pgid)
 
     async def run_cell(self, i: int, replay: bool = False) -> dict:
         """Execute cell i, collect its probe files (not on a replay) and look for intrusions."""
         t0 = time.monotonic()
+        if not replay:
+            deliver(self.spec, i)
         st = await self.execute(i)
         st["seconds"] = round(time.monotonic() - t0, 3)
         if not replay:
@@ -246,6 +281,10 @@ class KernelRun:
                 st = await self.run_cell(i)
                 self.statuses.append(st)
                 i += 1
+                if st["status"] == QUOTA:
+                    self.statuses += _skipped(f"not run: the submission {st['reason']}",
+                                              len(self.nb.cells) - i)
+                    break
                 if st["status"] in DEAD and not await self.recover(i):
                     break
         finally:
@@ -253,8 +292,22 @@ class KernelRun:
         return {"statuses": self.statuses, "error": None, "started": True}
 
 
+def deliver(spec: dict, i: int) -> None:
+    """Just before cell i: put its probe's cases where the kernel reads them. Each probe's
+    cases wait in the grader's folder until then, so no cell sees the hidden cases of a later
+    check, and `collect` removes them again after the cell."""
+    for name in spec.get("deliver", [[]] * (i + 1))[i]:
+        src = Path(spec["ctl"]) / "cases" / name
+        if src.is_file():
+            os.replace(src, Path(spec["io"]) / name)
+
+
 def collect(spec: dict, i: int) -> None:
-    """Move cell i's probe files out of the kernel's reach (later writes change nothing)."""
+    """Move cell i's probe files out of the kernel's reach (later writes change nothing), and
+    remove the cases it was handed."""
+    for name in spec.get("deliver", [[]] * (i + 1))[i]:
+        with contextlib.suppress(OSError):
+            (Path(spec["io"]) / name).unlink()
     for name in spec["collect"][i]:
         for suffix in ("", ".tampered"):
             src = Path(spec["io"]) / (name + suffix)
@@ -339,8 +392,10 @@ def _kill_children() -> None:
 
 
 def _worker_main(ctl: str) -> int:
+    guard.unblock_signals()  # the grader's SignalShield blocks them; kernels must not inherit it
     token = sys.stdin.readline().strip()  # before any kernel exists; never written anywhere
     sys.stdout = sys.stderr  # a library's print must not look like a forgery on the real fd 1
+    guard.limit_self(WORKER_MB)  # what a kernel's messages may cost this process
     _adopt_orphans()
     spec = json.loads((Path(ctl) / "spec.json").read_text(encoding="utf-8"))
     if sys.platform == "win32":  # pyzmq's asyncio sockets need a selector loop on Windows

@@ -15,7 +15,6 @@ keyed by learner name).
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import os
@@ -129,8 +128,10 @@ def grade_collection(root: Path, **grade_options):
 
 
 def format_csv(graded) -> str:
+    from course_tools.grader.report import SafeWriter
+
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+    w = SafeWriter(buf)  # a feedback or name starting with "=" must not become a formula
     w.writerow(["learner", "notebook", "handed_in", "handins", "exercise", "score", "max_score",
                 "flagged", "feedback"])
     for h, n, r in graded:
