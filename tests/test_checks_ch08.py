@@ -94,6 +94,20 @@ def backward_ok(q, k, v, o, lse, do, block_size, delta=True, scale=True):
     return dq, dk, dv
 
 
+def backward_partial_delta(q, k, v, o, lse, do, block_size):
+    """Δ from each block's own P and dP: right when one block holds every key, wrong else."""
+    c = q.shape[1] ** -0.5
+    dq, dk, dv = torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)
+    for j in range(0, k.shape[0], block_size):
+        sl = slice(j, j + block_size)
+        p = torch.exp(c * q @ k[sl].T - lse[:, None])
+        dv[sl] = p.T @ do
+        dp = do @ v[sl].T
+        ds = p * (dp - (p * dp).sum(1, keepdim=True))
+        dk[sl], dq = c * ds.T @ q, dq + c * ds @ k[sl]
+    return dq, dk, dv
+
+
 def backward_full_grid(q, k, v, o, lse, do, block_size):
     return backward_ok(q, k, v, o, lse, do, k.shape[0])
 
@@ -160,6 +174,7 @@ def test_wrong_causal_tiled(wrong, words):
 
 @pytest.mark.parametrize("wrong, words", [
     (lambda *a: backward_ok(*a, delta=False), "correction term"),
+    (backward_partial_delta, "each key block alone"),
     (lambda *a: backward_ok(*a, scale=False), "sqrt\\(d\\) times too large"),
     (backward_full_grid, "never|grid"),
     (lambda *a: backward_ok(*a)[:2], "triple"),
@@ -227,34 +242,136 @@ def step_blank(acc, l_i, m_i, qk, v):
 def step_pair(acc, l_i, m_i, qk, v):
     return acc, l_i
 
-{given}{softmaxes}def launcher(kernel):
+{given}{softmaxes}def launcher(kernel, strides=True):
     def row_softmax(x):
         y = torch.empty_like(x)
-        kernel[(x.shape[0],)](x, y, x.stride(0), x.shape[1],
+        x_stride, y_stride = (x.stride(0), y.stride(0)) if strides else (x.shape[1], x.shape[1])
+        kernel[(x.shape[0],)](x, y, x_stride, y_stride, x.shape[1],
                               BLOCK=triton.next_power_of_2(x.shape[1]))
         return y
     return row_softmax
-'''
+
+def one_stride_launcher(kernel):  # the kernel's one stride is x's, the output is contiguous
+    def row_softmax(x):
+        y = torch.empty_like(x)
+        kernel[(x.shape[0],)](x, y, x.stride(0), x.stride(0), x.shape[1],
+                              BLOCK=triton.next_power_of_2(x.shape[1]))
+        return y
+    return row_softmax
+{puzzles}'''
 # The row-softmax kernels differ only in how a row is loaded and exponentiated.
 _SOFTMAX = """@triton.jit
-def softmax_{name}(X, Y, stride, n_cols, BLOCK: tl.constexpr):
+def softmax_{name}(X, Y, x_stride, y_stride, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     {body}
-    tl.store(Y + row * stride + cols, e / tl.sum(e, 0), mask=cols < n_cols)
+    tl.store(Y + row * y_stride + cols, e / tl.sum(e, 0){store_mask})
 
 """
-_LOAD = "tl.load(X + row * stride + cols, mask=cols < n_cols, other=OTHER)"
+_LOAD = "tl.load(X + row * x_stride + cols, mask=cols < n_cols, other=OTHER)"
 _STABLE = "x = " + _LOAD + "\n    e = tl.exp(x - tl.max(x, 0))"
-_VARIANTS = (("ok", _STABLE.replace("OTHER", '-float("inf")')),
-             ("pad_zero", _STABLE.replace("OTHER", "0.0")),
-             ("unstable", "e = tl.exp(" + _LOAD.replace("OTHER", '-float("inf")') + ")"))
+_OK_BODY = _STABLE.replace("OTHER", '-float("inf")')
+_VARIANTS = (("ok", _OK_BODY, True),
+             ("pad_zero", _STABLE.replace("OTHER", "0.0"), True),
+             ("unstable", "e = tl.exp(" + _LOAD.replace("OTHER", '-float("inf")') + ")", True),
+             ("unmasked_store", _OK_BODY, False),
+             ("unmasked_load", _OK_BODY.replace(", mask=cols < n_cols, other=-float(\"inf\")", ""),
+              True),
+             ("no_other", _OK_BODY.replace(', other=-float("inf")', ""), True))
 # The notebook's given step is step_ok with the planted bug: acc is not rescaled by alpha.
 _OK = STEPS[STEPS.index("@triton.jit\ndef step_ok"):STEPS.index("@triton.jit\ndef step_no_rescale")]
 STEPS = STEPS.replace("{given}", _OK.replace("step_ok", "step_given")
                       .replace("acc * alpha[:, None] + ", "acc + "))
-STEPS = STEPS.replace("{softmaxes}", "".join(_SOFTMAX.format(name=name, body=body)
-                                             for name, body in _VARIANTS))
+STEPS = STEPS.replace("{softmaxes}", "".join(
+    _SOFTMAX.format(name=name, body=body, store_mask=", mask=cols < n_cols" if masked else "")
+    for name, body, masked in _VARIANTS))
+# The three puzzles: the right kernel, then the mistakes the checks name.
+PUZZLES = """
+@triton.jit
+def bias_ok(X, B, Z, n_rows, n_cols, sx, sz, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(X + rows[:, None] * sx + cols[None, :], mask=inside)
+    b = tl.load(B + cols, mask=cols < n_cols)
+    tl.store(Z + rows[:, None] * sz + cols[None, :], x + b[None, :], mask=inside)
+
+@triton.jit
+def bias_cols_only(X, B, Z, n_rows, n_cols, sx, sz, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = cols[None, :] < n_cols
+    x = tl.load(X + rows[:, None] * sx + cols[None, :], mask=inside)
+    b = tl.load(B + cols, mask=cols < n_cols)
+    tl.store(Z + rows[:, None] * sz + cols[None, :], x + b[None, :], mask=inside)
+
+@triton.jit
+def bias_contiguous(X, B, Z, n_rows, n_cols, sx, sz, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(X + rows[:, None] * n_cols + cols[None, :], mask=inside)
+    b = tl.load(B + cols, mask=cols < n_cols)
+    tl.store(Z + rows[:, None] * n_cols + cols[None, :], x + b[None, :], mask=inside)
+
+@triton.jit
+def mean_ok(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=0.0)
+    tl.store(OUT + row, tl.sum(x, 0) / n_cols)
+
+@triton.jit
+def mean_by_block(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=0.0)
+    tl.store(OUT + row, tl.sum(x, 0) / BLOCK)
+
+@triton.jit
+def mean_no_other(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride + cols, mask=cols < n_cols)
+    tl.store(OUT + row, tl.sum(x, 0) / n_cols)
+
+@triton.jit
+def max_ok(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = -float("inf")
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=-float("inf"))
+        m = tl.maximum(m, tl.max(x, 0))
+    tl.store(OUT + row, m)
+
+@triton.jit
+def max_first_block(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=-float("inf"))
+    tl.store(OUT + row, tl.max(x, 0))
+
+@triton.jit
+def max_zero(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = 0.0
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=0.0)
+        m = tl.maximum(m, tl.max(x, 0))
+    tl.store(OUT + row, m)
+
+@triton.jit
+def max_unmasked(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = -float("inf")
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(X + row * stride + start + tl.arange(0, BLOCK))
+        m = tl.maximum(m, tl.max(x, 0))
+    tl.store(OUT + row, m)
+"""
+STEPS = STEPS.replace("{puzzles}", PUZZLES)
 
 
 @pytest.fixture(scope="module")
@@ -273,9 +390,15 @@ def tl_steps():
     exec(STEPS, namespace)
     names = ("ok", "no_rescale", "unstable", "blank", "pair", "given")
     found = {name: namespace[f"step_{name}"] for name in names}
-    for name in ("ok", "pad_zero", "unstable"):
+    for name, _, _ in _VARIANTS:
         kernel = namespace[f"softmax_{name}"]
         found[f"softmax_{name}"] = (kernel, namespace["launcher"](kernel))
+    kernel = namespace["softmax_ok"]
+    found["softmax_contiguous_only"] = (kernel, namespace["launcher"](kernel, strides=False))
+    found["softmax_one_stride"] = (kernel, namespace["one_stride_launcher"](kernel))
+    for name in ("bias_ok", "bias_cols_only", "bias_contiguous", "mean_ok", "mean_by_block",
+                 "mean_no_other", "max_ok", "max_first_block", "max_zero", "max_unmasked"):
+        found[name] = namespace[name]
     return found
 
 
@@ -324,6 +447,11 @@ def test_row_softmax_wrong_answers(tl_steps):
     for answer, words in [
         (tl_steps["softmax_pad_zero"], "loaded as 0"),
         (tl_steps["softmax_unstable"], "subtract each row's max"),
+        (tl_steps["softmax_unmasked_store"], "your store wrote past the row's end: mask the store"),
+        (tl_steps["softmax_unmasked_load"], "your load read past the row's end: mask the load"),
+        (tl_steps["softmax_no_other"], "no `other=`"),
+        (tl_steps["softmax_contiguous_only"], "strided view"),
+        (tl_steps["softmax_one_stride"], "own stride"),
         ((kernel, lambda x: torch.exp(x) / torch.exp(x).sum(1, keepdim=True)), "never launched"),
         ((kernel, lambda x: torch.softmax(x, -1)), "calls the course's own"),
         ((None, None), "is None"),
@@ -337,3 +465,26 @@ def test_row_softmax_skips_cleanly_without_triton(monkeypatch, capsys):
     monkeypatch.setattr(check.flash, "triton_available", lambda: False)
     check.row_softmax(None, None)
     assert "skipped" in capsys.readouterr().out
+
+
+@needs_triton
+def test_triton_puzzles_right_answers_pass(tl_steps, capsys):
+    check.add_bias_kernel(tl_steps["bias_ok"])
+    check.row_mean_kernel(tl_steps["mean_ok"])
+    check.row_max_kernel(tl_steps["max_ok"])
+    assert capsys.readouterr().out.count("✔") == 3
+
+
+@needs_triton
+@pytest.mark.parametrize("checker, name, words", [
+    ("add_bias_kernel", "bias_cols_only", "past the last row of `X`.*mask the rows"),
+    ("add_bias_kernel", "bias_contiguous", "tile lies inside the tensor.*stride"),
+    ("row_mean_kernel", "mean_by_block", "you divided by BLOCK"),
+    ("row_mean_kernel", "mean_no_other", "no `other=`"),
+    ("row_max_kernel", "max_first_block", "first 8 columns only"),
+    ("row_max_kernel", "max_zero", "all negative"),
+    ("row_max_kernel", "max_unmasked", "your load read past the row's end"),
+])
+def test_triton_puzzles_wrong_answers(tl_steps, checker, name, words):
+    with pytest.raises(CheckFailure, match=words):
+        getattr(check, checker)(tl_steps[name])

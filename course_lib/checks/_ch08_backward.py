@@ -63,7 +63,21 @@ def _no_delta(case) -> tuple:
     return c * ds @ k, c * ds.T @ q
 
 
-@function_check(7, run=_run, cases=_cases,
+def _partial_delta(case) -> tuple:
+    """dQ and dK when Δ is taken from each key block alone, rowsum(P_j ∘ dP_j), not the row."""
+    q, k, v, do, block = case["q"], case["k"], case["v"], case["do"], case["block_size"]
+    c = q.shape[1] ** -0.5
+    dq, dk = torch.zeros_like(q), torch.empty_like(k)
+    for j in range(0, k.shape[0], block):
+        keys = slice(j, j + block)
+        p = torch.exp(q @ k[keys].T * c - case["lse"][:, None])
+        dp = do @ v[keys].T
+        ds = p * (dp - (p * dp).sum(1, keepdim=True))
+        dk[keys], dq = c * ds.T @ q, dq + c * ds @ k[keys]
+    return dq, dk
+
+
+@function_check(10, run=_run, cases=_cases,
                 forbid=((F, "scaled_dot_product_attention"), (torch.autograd, "grad"),
                         (torch.Tensor, "backward"), (torch.autograd, "backward"),
                         (flash, "tiled_attention"), (flash, "flash_attention"),
@@ -91,6 +105,11 @@ def flash_backward(cases: list, outcomes: list) -> str:
                            for t, w in zip(grads[:2], _no_delta(case))):
             fail("dq and dk miss the softmax's correction term: dS = P ∘ (dP - Δ), where Δ = "
                  "rowsum(dO ∘ O) is one number per query row.")
+        if n_k > block and all(torch.allclose(t, w, atol=tol, rtol=tol * 100)
+                               for t, w in zip(grads[:2], _partial_delta(case))):
+            fail("dq and dk take Δ from each key block alone, rowsum(P_j ∘ dP_j): Δ sums over "
+                 "ALL the keys of a query's row, so one block cannot give it. It equals "
+                 "rowsum(dO ∘ O), which needs no keys at all: compute it once, before the loop.")
         scale = case["q"].shape[1] ** 0.5
         for i, name in ((0, "dq"), (1, "dk")):
             if torch.allclose(grads[i], want[i] * scale, atol=tol * scale, rtol=tol * 100) \

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import course_lib.flash as flash
 from course_lib.checks._cases import generator
-from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import CheckFailure, call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
@@ -157,17 +157,24 @@ def _softmax_cases(seed: int, hidden: bool) -> list:
     g = generator(6, seed)
     shapes = [(4, 16, 1.0), (5, 37, 1.0), (3, 100, 1.0), (6, 20, 1e3)]  # the last: huge logits
     shapes += [(1, 1, 1.0), (7, 129, 10.0)] if hidden else []
-    cases = [torch.randn(rows, cols, generator=g) * spread for rows, cols, spread in shapes]
+    cases = [{"x": torch.randn(rows, cols, generator=g) * spread, "stride": None}
+             for rows, cols, spread in shapes]
     masked = torch.randn(3, 24, generator=g)
     masked[:, 18:] = -torch.inf  # padding at the end of each row (-inf scores)
-    return cases + [masked]
+    # strided views: rows of a wider buffer whose padding holds NaN (the prompt's x[:, :n_cols])
+    strided = [(torch.randn(4, 20, generator=g), 32), (torch.randn(3, 16, generator=g), 19)]
+    return cases + [{"x": masked, "stride": None}] + \
+        [{"x": x, "stride": stride} for x, stride in strided]
 
 
-def _softmax_run(kernel, fn, x):
+def _softmax_run(kernel, fn, case):
     if not flash.triton_available():
         return NO_TRITON
     _interpreted(kernel, "softmax_kernel")
     flash.prepare_triton(interpret=True, quiet=True)
+    from course_lib.checks._ch08_guard import canary_view, guard
+
+    x = case["x"].clone() if case["stride"] is None else canary_view(case["x"], case["stride"])
     cls, launches = type(kernel), []
     original = cls.__getitem__
 
@@ -177,30 +184,49 @@ def _softmax_run(kernel, fn, x):
         return original(self, grid)
 
     cls.__getitem__ = spy
+    out = None
     try:
-        with np.errstate(all="ignore"):
-            out = call(fn, x.clone(), name="row_softmax")
+        with guard() as record, np.errstate(all="ignore"):
+            try:
+                out = call(fn, x, name="row_softmax")
+            except CheckFailure:
+                if not record.get("access"):  # not the guard's stop: the learner's own error
+                    raise
     finally:
         cls.__getitem__ = original
-    return {"out": out, "launches": len(launches)}
+    return {"out": out, "launches": len(launches), **record}
 
 
-@function_check(6, run=_softmax_run, cases=_softmax_cases,
+@function_check(9, run=_softmax_run, cases=_softmax_cases,
                 forbid=((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
                         (torch, "log_softmax"), (F, "log_softmax")))
 def row_softmax(cases: list, outcomes: list) -> str:
-    for x, got in each(cases, outcomes):
+    from course_lib.checks._ch08_guard import describe
+
+    for case, got in each(cases, outcomes):
         if _no_triton(got):
             return f"row_softmax: {SKIPPED}"
         if not isinstance(got, dict):
             fail("the row_softmax check came back malformed.")
+        x = case["x"]
+        rows, cols = x.shape
+        view = (f" (x was a strided view: {cols} columns, rows {case['stride']} elements apart)"
+                if case["stride"] else "")
+        if got.get("access"):
+            fail(describe(got["access"], cols) + view)
         if not got.get("launches"):
             fail("row_softmax never launched softmax_kernel: the work must happen in the kernel "
                  "(kernel[grid](...)), one program per row.")
-        rows, cols = x.shape
         want = torch.softmax(x, dim=-1)
         t = to_tensor(got.get("out"), "row_softmax(x)", dtype=torch.float32)
         expect_shape(t, want.shape, "row_softmax(x)", "One row of probabilities per input row.")
+        if not torch.isfinite(t).all() and got.get("undefined_other"):
+            fail("the masked lanes of your load have no `other=`: on a GPU they hold whatever "
+                 "was in memory (this check fills them with NaN). Choose an `other=` that "
+                 "exp sends to 0.")
+        if not torch.isfinite(t).all() and case["stride"]:
+            fail(f"row_softmax gives NaN on a strided view{view}: your kernel read the padding "
+                 "between rows. Step from row to row by x.stride(0), not n_cols.")
         if not torch.isfinite(t).all():
             fail(f"row_softmax gives inf/NaN on a ({rows}, {cols}) input with scores up to "
                  f"{float(x[torch.isfinite(x)].abs().max()):.0f}: subtract each row's max "
@@ -216,8 +242,9 @@ def row_softmax(cases: list, outcomes: list) -> str:
         if torch.allclose(t.sum(0), torch.ones(cols), atol=1e-4) and rows > 1 and cols > 1:
             fail("your columns sum to 1: the softmax must normalise each ROW.")
         expect_close(t, want, "row_softmax(x)", atol=1e-5, rtol=1e-4,
-                     hint=f"(Case: {rows} rows of {cols} columns.) Each program loads one row, "
-                          "subtracts its max, exponentiates, divides by the sum and stores.")
-    return ("row_softmax: one program per row, masked loads and stores, stable for huge scores: "
-            "equal to torch.softmax through Triton's interpreter.")
+                     hint=f"(Case: {rows} rows of {cols} columns{view}.) Each program loads "
+                          "one row, subtracts its max, exponentiates, divides by the sum and "
+                          "stores.")
+    return ("row_softmax: one program per row, masked loads and stores, strided views, stable "
+            "for huge scores: equal to torch.softmax through Triton's interpreter.")
 

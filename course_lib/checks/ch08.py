@@ -1,7 +1,8 @@
 """Checkers for exercises/08_efficient_kernel.ipynb: the online-softmax update that survives a
 fully masked tile (build), causal tiled attention (build), predicting and measuring what causal
 tiling saves (predict, experiment), the Triton step with a rescale forgotten (debug, in
-`_ch08_kernels`), a whole Triton row-softmax kernel (build, in `_ch08_kernels`), and the
+`_ch08_kernels`), three Triton puzzles (a masked 2-D tile, a row reduction, a loop over blocks,
+in `_ch08_puzzles`), a whole Triton row-softmax kernel (build, in `_ch08_kernels`), and the
 FlashAttention backward pass in plain torch (build, in `_ch08_backward`)."""
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import course_lib.flash.tiled as tiled
 from course_lib.checks._cases import generator
 from course_lib.checks._ch08_backward import flash_backward
 from course_lib.checks._ch08_kernels import row_softmax, triton_inner_step
+from course_lib.checks._ch08_puzzles import add_bias_kernel, row_max_kernel, row_mean_kernel
 from course_lib.checks._core import call, expect_close, expect_pair, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
 __all__ = ["online_update", "causal_tiled", "causal_fraction", "measured_causal_fraction",
-           "triton_inner_step", "row_softmax", "flash_backward", "hint"]
+           "triton_inner_step", "add_bias_kernel", "row_mean_kernel", "row_max_kernel",
+           "row_softmax", "flash_backward", "hint"]
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
 
