@@ -17,13 +17,16 @@ package and imports nothing else of this one:
   outcomes, plus a tampering report beside them;
 * `load_outcomes(outputs_path)` and `load_tampered(outputs_path)`: the grader reads both back as
   plain data (`weights_only`, size limits), or raises `OutcomeError` for a file it refuses;
+* `commit_info(check_id)` and `parse_records(text)`: which checks record a first commit (a
+  prediction, an explanation; `_predict`) and the record lines a notebook's outputs carry;
 * `CheckFailure` / `ReferenceCall` (a failure that called the course's own reference): what a
   Check's `judge` raises, which the grader turns into feedback or a flag.
 """
 
 from course_lib.checks._core import CheckFailure, ReferenceCall
+from course_lib.checks._predict import commit_info, parse_records
 from course_lib.checks._probe import load_tampered, probe
 from course_lib.checks._protocol import Check, OutcomeError, encode, get, hint, load_outcomes
 
-__all__ = ["Check", "CheckFailure", "OutcomeError", "ReferenceCall", "encode", "get", "hint",
-           "load_outcomes", "load_tampered", "probe"]
+__all__ = ["Check", "CheckFailure", "OutcomeError", "ReferenceCall", "commit_info", "encode",
+           "get", "hint", "load_outcomes", "load_tampered", "parse_records", "probe"]

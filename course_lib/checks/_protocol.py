@@ -130,6 +130,9 @@ class Check:
         """In-process: what a check cell runs. Prints '✔ ...' or raises CheckFailure."""
         cases = self.cases(0, False)
         outcomes = run_cases(self, learner_objs, decode(encode(cases)))  # the kernel's copy
+        from course_lib.checks import _predict
+        if self.id in _predict.COMMITTING:  # a prediction: its record line, before any reveal
+            _predict.announce(self, outcomes)
         try:
             message = self.judge(cases, outcomes)
         except CheckFailure as failure:

@@ -1,0 +1,204 @@
+"""Predict first, for real: a prediction counts as it was first committed, before the reveal.
+
+A predict exercise has two graded checks, both declared here:
+
+* `commit_check`: the learner commits a prediction (`check.temperature_prediction(prediction)`).
+  The FIRST run of the check in a kernel records the value (if it has the right form) and only
+  then shows the observed result; later runs judge the recorded value, so editing the prediction
+  after the reveal changes nothing. Points go to committing a well-formed prediction, not to
+  being right; the feedback explains the gap.
+* `choice_check`: after the reveal, a short explanation as a multiple choice (`why = "b"`),
+  whose distractors are the misconceptions the chapter's judge names. Its first answer is
+  recorded the same way; the right choice earns the points, a wrong one names its
+  misconception.
+
+The record lives in the kernel (`_RECORDS`) and is printed in the check cell's output as one
+line (`RECORD` ... `record_line`), so the notebook carries it: in grading, the grader reads it
+back from the submitted notebook (`parse_records`, course_tools/grader/predictions.py), judges
+the recorded value instead of whatever the answer cell holds now, and compares the record's
+execution count with those of the cells that reveal the answer (`reveals`).
+
+An experiment never prints its reference number: it is a `function_check` on the learner's
+`measure(seed)`, which the grader calls on hidden seeds (see `seeds_cases`), with feedback that
+gives a direction only.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from typing import Any
+
+from course_lib.checks import _protocol
+from course_lib.checks._core import CheckFailure, fail
+from course_lib.checks._protocol import Check, _declared, each
+
+_RECORDS: dict[str, dict] = {}      # check id -> {"value": plain value, "at": execution count}
+COMMITTING: dict[str, dict] = {}    # check id -> {"reveals": grade ids, "kind": commit/choice}
+RECORD = "📌 Recorded"               # the record line's start (parse_records looks for it)
+_LINE = re.compile(r"^📌 Recorded \(first run of (\w+), at \[(\d+|-)\]; later edits do not "
+                   r"change it\): (.*)$")
+MAX_RECORD_CHARS = 2000
+
+
+def _execution_count() -> int | None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    count = getattr(shell, "execution_count", None)
+    return count if isinstance(count, int) else None
+
+
+def _plain(value: Any) -> Any:
+    """A committed value as plain Python, which its repr brings back with literal_eval."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_plain(v) for v in value)
+    if hasattr(value, "tolist") and callable(value.tolist):  # tensors, arrays, NumPy numbers
+        return value.tolist()
+    return value
+
+
+def record_line(name: str, at: int | None, value: Any) -> str:
+    """The one line a commit prints; `parse_records` reads it back from the notebook."""
+    return (f"{RECORD} (first run of {name}, at [{at if at is not None else '-'}]; later edits "
+            f"do not change it): {value!r}")
+
+
+def parse_records(text: str) -> dict[str, tuple[int | None, Any]]:
+    """name -> (execution count, value) of every record line in a cell's output text (the
+    first per name). Values are read with `ast.literal_eval` (no code runs) and bounded."""
+    found: dict[str, tuple[int | None, Any]] = {}
+    for line in str(text).splitlines():
+        m = _LINE.match(line.strip())
+        if not m or m.group(1) in found or len(m.group(3)) > MAX_RECORD_CHARS:
+            continue
+        try:
+            value = ast.literal_eval(m.group(3))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        found[m.group(1)] = (int(m.group(2)) if m.group(2).isdigit() else None, value)
+    return found
+
+
+def commit(check_id: str, value: Any, read: Callable[[Any], Any]) -> dict:
+    """The kernel's part: record `value` the first time (when `read` accepts its form; a value
+    `read` refuses is not a commit), and hand back the record."""
+    if check_id not in _RECORDS:
+        read(value)  # raises CheckFailure naming what to write: no record is made
+        _RECORDS[check_id] = {"value": _plain(value), "at": _execution_count(), "first": True}
+    else:
+        _RECORDS[check_id]["first"] = False
+    return dict(_RECORDS[check_id])
+
+
+def announce(check: Check, outcomes: list) -> None:
+    """In a notebook (`Check.__call__`): print the record line of a committing check."""
+    outcome = outcomes[0] if outcomes else None
+    if isinstance(outcome, dict) and isinstance(outcome.get("ok"), dict):
+        rec = outcome["ok"]
+        print(record_line(check.name, rec.get("at"), rec.get("value")))
+
+
+def forget(check_id: str | None = None) -> None:
+    """Drop the kernel's records (all, or one check's): for tests, never for learners."""
+    if check_id is None:
+        _RECORDS.clear()
+    else:
+        _RECORDS.pop(check_id, None)
+
+
+def _committed_value(got: Any) -> Any:
+    if not isinstance(got, dict) or "value" not in got:
+        fail("the check received no committed value.")
+    return got["value"]
+
+
+def _cases(seed: int, hidden: bool) -> list:
+    return [None]
+
+
+def commit_check(exercise: int, *, read: Callable[[Any], Any], grade: str | None = None,
+                 reveals: tuple[str, ...] = (),
+                 hints: tuple[str, ...] | None = None) -> Callable[[Callable], Check]:
+    """A prediction, declared on its `observe`: `read(value)` checks the form (a `_values`
+    reader: raises CheckFailure saying what to write; runs in the kernel too, so it must hold no
+    reference) and returns the prediction; `observe(prediction)` runs the experiment in the
+    judge and returns the words shown after the commit (the observed result and the gap). The
+    check passes for any well-formed committed prediction. `reveals`: grade ids of the cells
+    that show the answer (the grader fails a commit made after one of them ran)."""
+    def declare(observe_fn: Callable[[Any], str]) -> Check:
+        check_name = observe_fn.__name__
+        decl = _declared(check_name, exercise, observe_fn, grade, hints)
+
+        def run(*values_and_case: Any) -> Any:
+            values = values_and_case[:-1]
+            return commit(decl["id"], values[0] if len(values) == 1 else values, read)
+
+        def judge(cases: list, outcomes: list) -> str:
+            (_, got), = each(cases, outcomes)
+            return observe_fn(read(_committed_value(got)))
+
+        judge.__name__ = check_name
+        check = Check(cases=_cases, run=run, judge=judge, **decl)
+        COMMITTING[check.id] = {"reveals": tuple(reveals), "kind": "commit"}
+        return check
+    return declare
+
+
+def choice_check(exercise: int, *, choices: dict[str, str | None], grade: str | None = None,
+                 hints: tuple[str, ...] | None = None, name: str, module: str,
+                 right: str) -> Check:
+    """The short explanation after a reveal, as a multiple choice: `choices` maps each letter
+    to None for the right one, or to the feedback that names the misconception it stands for.
+    The first answer is recorded like a prediction; only the right letter earns the points.
+    `right` is the success message; `module` the chapter module (its hints and SOLUTION)."""
+    letters = tuple(choices)
+    if sum(v is None for v in choices.values()) != 1:
+        raise ValueError(f"{name}: exactly one choice must be right (None)")
+
+    def read(got: Any) -> str:
+        from course_lib.checks._values import read_choice
+        return read_choice(got, "why", letters)
+
+    def stub(cases, outcomes):  # only carries the module for _declared
+        raise NotImplementedError
+
+    stub.__module__ = module
+    decl = _declared(name, exercise, stub, grade, hints)
+
+    def run(*values_and_case: Any) -> Any:
+        return commit(decl["id"], values_and_case[0], read)
+
+    def judge(cases: list, outcomes: list) -> str:
+        (_, got), = each(cases, outcomes)
+        letter = read(_committed_value(got))
+        if choices[letter] is not None:
+            raise CheckFailure(f"you chose {letter!r}: {choices[letter]}")
+        return right
+
+    judge.__name__ = name
+    check = Check(cases=_cases, run=run, judge=judge, **decl)
+    COMMITTING[check.id] = {"reveals": (), "kind": "choice"}
+    return check
+
+
+def commit_info(check_id: str) -> dict | None:
+    """What the grader needs to know of a committing check (None for any other check)."""
+    _protocol.get(check_id)  # imports its chapter module
+    return COMMITTING.get(check_id)
+
+
+def seeds_cases(exercise: int, n_visible: int = 2, n_hidden: int = 3) -> Callable:
+    """Cases for an experiment graded through the learner's `measure(seed)`: seeds only (the
+    notebook's are fixed; hidden ones are fresh per grading seed)."""
+    def cases(seed: int, hidden: bool) -> list:
+        seeds = [101 + k for k in range(n_visible)]
+        if hidden:
+            seeds += [(seed * 7919 + exercise * 31 + k) % 100_000 + 1000 for k in range(n_hidden)]
+        return [{"seed": s} for s in seeds]
+    return cases
