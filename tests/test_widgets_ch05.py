@@ -64,3 +64,26 @@ def test_bad_input():
         head_explorer(weights_two_heads(), list("^abcd"), head=2)
     with pytest.raises(ValueError, match="unknown control"):
         head_explorer(weights_two_heads(), list("^abcd")).update(layer=1)
+
+
+def test_a_causal_mask_draws_forbidden_cells_as_crosses_not_zeros():
+    from course_lib.masks import causal_mask
+
+    weights = weights_two_heads()
+    explorer = head_explorer(weights, list("^abcd"), mask=causal_mask(5))
+    drawn = np.ma.filled(np.ma.asarray(explorer.figure.axes[0].images[0].get_array()), np.nan)
+    above = np.triu(np.ones((5, 5), dtype=bool), k=1)                   # the future: forbidden
+    assert np.isnan(drawn[above]).all()                                 # not painted as weight 0
+    np.testing.assert_allclose(drawn[~above], weights[0].numpy()[~above])
+    crosses = explorer.figure.axes[0].collections[0].get_offsets()      # one x per forbidden cell
+    assert sorted(map(tuple, np.asarray(crosses).astype(int))) == sorted(
+        (int(j), int(i)) for i, j in zip(*np.nonzero(above)))
+    explorer.update(head=1)                                  # the mask stays with a new head
+    assert len(explorer.figure.axes[0].collections[0].get_offsets()) == 10
+
+
+def test_a_mask_of_the_wrong_shape_or_dtype_is_refused():
+    with pytest.raises(ValueError, match=r"mask should be a bool tensor of shape \(5, 5\)"):
+        head_explorer(weights_two_heads(), list("^abcd"), mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="got torch.float32"):
+        head_explorer(weights_two_heads(), list("^abcd"), mask=torch.ones(5, 5))
