@@ -14,13 +14,23 @@ from course_lib.stacking.induction import (
     induction_targets,
     previous_token_score,
 )
-from course_lib.stacking.pronoun import PronounTask, accuracy_by_filler
+from course_lib.stacking.pronoun import (
+    PairsTask,
+    PronounTask,
+    accuracy_by_filler,
+    accuracy_by_pairs,
+)
 from course_lib.stacking.text import (
+    JOBS,
     CharTokenizer,
+    ablation_costs,
+    baseline_weights,
+    bracket_score,
     corpus_text,
     current_token_score,
     delimiter_score,
     head_jobs,
+    nats_per_character,
     repeat_score,
     repeated_random,
     repeated_text,
@@ -224,19 +234,121 @@ def test_text_scores_on_weights_built_to_do_one_job():
     assert float(repeat_score(torch.eye(12).expand(2, 1, 12, 12), 6)[0]) == 0.0
 
 
-def test_head_jobs_names_every_head_of_a_model():
+def test_head_jobs_names_a_head_only_above_its_baseline_and_when_it_costs_something():
     torch.manual_seed(2)
-    tok = CharTokenizer("abcdefgh ,.")
+    tok = CharTokenizer("abcdefgh ,.()")
     model = TinyTransformer(tok.vocab_size, 16, 2, 2, 32)
-    text = tok.encode("abc def, gh. abc def, gh. abc")[None]
+    ids = tok.encode("abc (def, gh). abc (def, gh). ab")
+    text, targets = ids[None, :-1], ids[None, 1:]
     rep = repeated_text(tok.encode("abc def, gh. abc def, gh. abc" * 2), torch.Generator(), 2, 8)
-    rows = head_jobs(model, tok, text, rep)
+    rows = head_jobs(model, tok, text, rep, targets)
     assert [(r["layer"], r["head"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    costs = ablation_costs(model, text, targets)
     for r in rows:
-        assert r["job"] in ("previous token", "current token", "delimiter", "induction",
-                            "no clear job")
-        best = max(("previous token", "current token", "delimiter", "induction"), key=r.get)
-        assert r["job"] == (best if r[best] >= 0.4 else "no clear job")
+        assert r["job"] in (*JOBS, "no clear job")
+        assert r["cost"] == pytest.approx(float(costs[r["layer"], r["head"]]))
+        best = max(JOBS, key=lambda job: r[job] - max(r["baselines"][job]))
+        base = max(r["baselines"][best])
+        earned = r[best] >= 1.5 * base and r[best] - base >= 0.1 and r["cost"] >= 0.01
+        assert r["job"] == (best if earned else "no clear job")
+    # without targets there is no ablation, so no head is named
+    assert {r["job"] for r in head_jobs(model, tok, text, rep)} == {"no clear job"}
+
+
+def test_baselines_are_attention_that_does_no_job():
+    w = baseline_weights(2, 6)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 1, 6))
+    assert float(w[0, 0, 3, 0]) == 0.25 and float(w[0, 0, 3, 4]) == 0.0  # causal, even
+    w3 = baseline_weights(1, 6, window=3)
+    assert w3[0, 0, 5].tolist() == pytest.approx([0, 0, 0, 1 / 3, 1 / 3, 1 / 3])
+    # queries 1..5 have a previous token: 1/2 of query 1's weight, 1/3 of the others'
+    assert float(previous_token_score(w3)[0]) == pytest.approx((1 / 2 + 4 / 3) / 5)
+
+
+def test_bracket_score_looks_at_the_innermost_open_bracket_or_quote():
+    tok = CharTokenizer('ab()"')
+    tokens = tok.encode('a(b"a"b)a')[None]  # opens: ( at 1, " at 3 (closed at 5), ) at 7
+    n = tokens.shape[1]
+    want = [-1, -1, 1, 1, 3, 3, 1, 1, -1]  # what is open before each query
+    on = torch.zeros(1, 1, n, n)
+    for i, j in enumerate(want):
+        if j >= 0:
+            on[0, 0, i, j] = 1.0
+    w = torch.cat([on, torch.eye(n)[None, None]], dim=1)
+    torch.testing.assert_close(bracket_score(w, tokens, tok), torch.tensor([1.0, 0.0]))
+
+
+def test_ablation_costs_is_the_loss_change_of_zeroing_each_head():
+    torch.manual_seed(0)
+    model = TinyTransformer(8, 16, 2, 2, 16)
+    x = torch.randint(0, 8, (3, 12), generator=torch.Generator().manual_seed(0))
+    y = torch.randint(0, 8, (3, 12), generator=torch.Generator().manual_seed(1))
+    costs = ablation_costs(model, x, y)
+    base = nats_per_character(model, x, y)
+    with ablate_head(model, 1, 0):
+        assert float(costs[1, 0]) == pytest.approx(nats_per_character(model, x, y) - base)
+    assert nats_per_character(model, x, y) == base  # restored
+
+
+# ---------------------------------------------------------------- m pairs
+
+@pytest.mark.parametrize("question_first", [False, True])
+def test_pairs_sentences_follow_the_rule_and_the_positions_find_the_pair(question_first):
+    task = PairsTask(max_pairs=4, question_first=question_first)
+    tokens, targets = task.batch(torch.Generator().manual_seed(3), 300)
+    assert tokens.shape == targets.shape == (300, task.n) and task.n == 5 * 4 + 9
+    assert targets[:, :-1].eq(IGNORE_INDEX).all()
+    pos = task.positions(tokens)
+    rows = torch.arange(300)
+    assert torch.equal(tokens[rows, pos["answer"]], targets[:, -1])
+    assert torch.equal(tokens[rows, pos["container"]], tokens[rows, pos["selector"]])
+    seen = set()
+    for b in range(300):
+        words = task.decode(tokens[b])
+        m = int(task.pairs_in(tokens[b:b + 1]))
+        i = words.index("held") - 1
+        pairs = [(words[i + 5 * p + 3], words[i + 5 * p]) for p in range(m)]
+        pick = [box for _, box in pairs].index(words[int(pos["selector"][b])])
+        adj = words[int(pos["adjective"][b])]
+        assert task.words[targets[b, -1]] == task.answer(pairs, pick, adj)
+        assert len({w for pair in pairs for w in pair}) == 2 * m  # distinct nouns
+        assert (words[-4:] == ["so", "it", "is", "the"]) == question_first
+        seen.add((m, adj))
+    assert seen == {(m, adj) for m in range(1, 5) for adj in ("big", "small")}
+    assert task.pairs_in(task.batch(torch.Generator(), 5, pairs=2)[0]).eq(2).all()
+    with pytest.raises(ValueError, match="pairs should lie in 1..max_pairs=4"):
+        task.batch(torch.Generator(), 2, pairs=5)
+    with pytest.raises(ValueError, match="max_pairs should be an int in 1..8"):
+        PairsTask(9)
+
+
+def test_pairs_sentence_reads_as_the_trophy_and_the_suitcase():
+    task = PairsTask(2)
+    pairs = [("trophy", "suitcase"), ("ball", "box")]
+    words = task.sentence(pairs, 0, "big")
+    assert " ".join(words) == ("suitcase held no trophy , box held no ball , "
+                               "too big at the suitcase")
+    assert task.answer(pairs, 0, "big") == "trophy" and task.answer(pairs, 1, "small") == "box"
+    assert task.decode(task.encode(" ".join(words))) == words
+
+
+def test_accuracy_by_pairs_scores_an_oracle_at_one_and_a_copier_at_the_small_half():
+    task = PairsTask(3)
+
+    class Copier(torch.nn.Module):  # answers the container named last: right when "too small"
+        def __init__(self, oracle=False):
+            super().__init__()
+            self.oracle = oracle
+
+        def forward(self, tokens):
+            pos = task.positions(tokens)["answer" if self.oracle else "selector"]
+            logits = torch.zeros(*tokens.shape, task.vocab_size)
+            logits[:, -1].scatter_(1, tokens.gather(1, pos[:, None]), 1.0)
+            return logits
+
+    assert accuracy_by_pairs(Copier(True), task, 20) == {1: 1.0, 2: 1.0, 3: 1.0}
+    assert accuracy_by_pairs(Copier(), task, 20, adj="small") == {1: 1.0, 2: 1.0, 3: 1.0}
+    assert accuracy_by_pairs(Copier(), task, 20, adj="big") == {1: 0.0, 2: 0.0, 3: 0.0}
 
 
 def test_both_verbs_make_the_answer_depend_on_verb_and_property_together():

@@ -12,7 +12,7 @@ import string
 
 import torch
 
-from course_lib.stacking.induction import previous_token_score
+from course_lib.stacking.induction import ablate_head, previous_token_score
 
 DELIMITERS = frozenset(" \n\t" + string.punctuation + "“”‘’—–…")  # where words end
 
@@ -114,35 +114,123 @@ def current_token_score(weights: torch.Tensor) -> torch.Tensor:
     return torch.diagonal(weights, dim1=-2, dim2=-1).mean(dim=(0, 2))
 
 
-JOBS = ("previous token", "current token", "delimiter", "induction")
+def bracket_score(weights: torch.Tensor, tokens: torch.Tensor,
+                  tokenizer: CharTokenizer) -> torch.Tensor:
+    """Mean weight on the innermost still-open bracket or quote BEFORE each query: ( [ { "
+    opened and not yet closed (a closing mark closes it; a second " closes the first). Queries
+    with nothing open before them do not count: (B, heads, n, n), tokens (B, n) -> (heads,)."""
+    opener = {tokenizer.index[c]: c for c in "([{" if c in tokenizer.index}
+    closer = {tokenizer.index[c]: o for c, o in zip(")]}", "([{") if c in tokenizer.index}
+    quote = tokenizer.index.get('"')
+    target = torch.full(tokens.shape, -1, dtype=torch.long)  # (B, n)
+    for b, row in enumerate(tokens.tolist()):
+        stack = []  # (position, mark) of what is open
+        for i, t in enumerate(row):
+            target[b, i] = stack[-1][0] if stack else -1  # what is open before i
+            if t == quote:
+                if stack and stack[-1][1] == '"':
+                    stack.pop()
+                else:
+                    stack.append((i, '"'))
+            elif t in opener:
+                stack.append((i, opener[t]))
+            elif t in closer and stack and stack[-1][1] == closer[t]:
+                stack.pop()
+    target = target.to(tokens.device)
+    has = target >= 0
+    index = target.clamp(min=0)[:, None, :, None].expand(-1, weights.shape[1], -1, 1)
+    on = weights.gather(3, index)[..., 0]  # (B, heads, n)
+    return on.transpose(0, 1)[:, has].mean(dim=-1)  # (heads,)
+
+
+def baseline_weights(batch: int, n: int, window: int | None = None) -> torch.Tensor:
+    """Attention that does no job: (batch, 1, n, n), each query spread evenly over every key it
+    may see (window=None: uniform over the causal past) or over the last `window` keys (itself
+    included). A head's score means something only where it beats these."""
+    pos = torch.arange(n)
+    allowed = pos[None, :] <= pos[:, None]  # (n_q, n_k): causal
+    if window is not None:
+        allowed &= pos[None, :] > pos[:, None] - window
+    w = allowed.float() / allowed.sum(dim=1, keepdim=True)
+    return w.expand(batch, 1, n, n)
+
+
+@torch.no_grad()
+def nats_per_character(model, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+    """Mean cross-entropy of next-character prediction, in nats per character."""
+    model.eval()
+    logits = model(tokens)
+    return float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                   targets.reshape(-1)))
+
+
+def ablation_costs(model, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(layers, heads): how many nats per character the loss on (tokens, targets) rises when that
+    one head is zeroed (`ablate_head`); negative if the model does better without it."""
+    base = nats_per_character(model, tokens, targets)
+    costs = torch.zeros(len(model.blocks), model.blocks[0].attn.num_heads)
+    for layer in range(costs.shape[0]):
+        for head in range(costs.shape[1]):
+            with ablate_head(model, layer, head):
+                costs[layer, head] = nats_per_character(model, tokens, targets) - base
+    return costs
+
+
+JOBS = ("previous token", "current token", "delimiter", "bracket", "induction")
+
+
+def _job_scores(w, r, text_tokens, repeated_tokens, tokenizer):
+    return {"previous token": previous_token_score(w), "current token": current_token_score(w),
+            "delimiter": delimiter_score(w, text_tokens, tokenizer.delimiter_ids()),
+            "bracket": bracket_score(w, text_tokens, tokenizer),
+            "induction": repeat_score(r, repeated_tokens.shape[1] // 2)}
 
 
 @torch.no_grad()
 def head_jobs(model, tokenizer: CharTokenizer, text_tokens: torch.Tensor,
-              repeated_tokens: torch.Tensor, threshold: float = 0.4) -> list[dict]:
-    """Score every head of `model` at each job, and name its job: the best-scoring one when its
-    score reaches `threshold`, else "no clear job".
+              repeated_tokens: torch.Tensor, targets: torch.Tensor | None = None,
+              margin: float = 1.5, min_excess: float = 0.1, min_cost: float = 0.01,
+              window: int = 3) -> list[dict]:
+    """Score every head of `model` at each job against what a head with no job would score, and
+    name a job only where the head earns it.
 
-    text_tokens (B, n): windows of real text (previous token, current token, delimiter);
-    repeated_tokens (B, 2m): a stretch of text twice (`repeated_text`, for induction). One dict
-    per head: {"layer", "head", "job", and a score per job}. Each score is the mean weight on
-    ONE position per query, so a head that spreads its attention scores low on all of them.
+    text_tokens (B, n): windows of real text (previous, current, delimiter, bracket);
+    repeated_tokens (B, 2m): a stretch of text twice (`repeated_text`, for induction); targets:
+    the next characters of text_tokens, for the ablation. Each score is the mean weight on ONE
+    position per query. Its baselines are the same score of attention spread evenly over the
+    causal past ("uniform") and over the last `window` keys ("window"). A head is named after
+    the job whose score most exceeds its larger baseline, if that score is at least `margin`
+    times the baseline and `min_excess` above it, AND zeroing the head costs at least
+    `min_cost` nats per character (needs targets); else it has "no clear job". One dict per
+    head: {"layer", "head", "job", "cost", a score per job, "baselines": {job: (uniform,
+    window)}}.
     """
     model.eval()
     model(text_tokens)
     on_text = [block.weights for block in model.blocks]
     model(repeated_tokens)
     on_repeat = [block.weights for block in model.blocks]
-    delims = tokenizer.delimiter_ids()
+    B, n = text_tokens.shape
+    Br, nr = repeated_tokens.shape
+    baselines = {}
+    for kind in (None, window):
+        base = _job_scores(baseline_weights(B, n, kind), baseline_weights(Br, nr, kind),
+                           text_tokens, repeated_tokens, tokenizer)
+        for job in JOBS:
+            baselines.setdefault(job, []).append(float(base[job][0]))
+    costs = (ablation_costs(model, text_tokens, targets) if targets is not None
+             else torch.full((len(model.blocks), on_text[0].shape[1]), float("nan")))
     rows = []
     for layer, (w, r) in enumerate(zip(on_text, on_repeat)):
-        scores = {"previous token": previous_token_score(w),
-                  "current token": current_token_score(w),
-                  "delimiter": delimiter_score(w, text_tokens, delims),
-                  "induction": repeat_score(r, repeated_tokens.shape[1] // 2)}
+        scores = _job_scores(w, r, text_tokens, repeated_tokens, tokenizer)
         for head in range(w.shape[1]):
-            row = {"layer": layer, "head": head, **{job: float(scores[job][head]) for job in JOBS}}
-            best = max(JOBS, key=lambda job: row[job])
-            row["job"] = best if row[best] >= threshold else "no clear job"
+            row = {"layer": layer, "head": head, **{job: float(scores[job][head]) for job in JOBS},
+                   "cost": float(costs[layer, head]),
+                   "baselines": {job: tuple(baselines[job]) for job in JOBS}}
+            best = max(JOBS, key=lambda job: row[job] - max(baselines[job]))
+            base = max(baselines[best])
+            earned = (row[best] >= margin * base and row[best] - base >= min_excess
+                      and row["cost"] >= min_cost)
+            row["job"] = best if earned else "no clear job"
             rows.append(row)
     return rows
