@@ -10,14 +10,25 @@ the real chapter 01 are in tests/test_grading.py (`test_the_issues_attacks_on_ch
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
+import torch  # noqa: F401 - imported before the memory is measured (the grader imports it)
 from grading_fixture import POINTS, SOLVED, make_course, solved, submission, with_cells, write
 
 from course_tools import grader as grading
 from course_tools.grader import sandbox
+from course_tools.grader.limits import FEEDBACK_CHARS
+from course_tools.grader.report import FORMULA_START
+from course_tools.grader.worker import LAUNCHER
 
 TIMEOUT = 5
 MEMORY_MB = 1024
@@ -127,6 +138,82 @@ ATTACKS = {
     "99_blank_after_the_attacks.ipynb": (submission(), set()),
 }
 
+# Issue 23: what a submission sends back is bounded, and without a sandbox it is contained.
+# name -> (submission, {grade_id: (points it must score, flagged?, words its feedback holds)})
+BOMB = (  # the probe's torch.save writes a deflated zip: 0.3 MB on disk, declaring 256 MiB
+    "import io, zipfile, torch\n"
+    "def double(x):\n"
+    "    return torch.zeros(1)\n"
+    "_real_save, _done = torch.save, []\n"
+    "def _bomb(obj, path, *a, **k):\n"
+    "    if not str(path).endswith('.out.pt.part') or _done:\n"
+    "        return _real_save(obj, path, *a, **k)\n"
+    "    _done.append(path)\n"
+    "    buf = io.BytesIO()\n"
+    "    _real_save(obj, buf)\n"
+    "    small = zipfile.ZipFile(buf)\n"
+    "    with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED, compresslevel=1) as z:\n"
+    "        for info in small.infolist():\n"
+    "            if '/data/' not in info.filename:\n"
+    "                z.writestr(info.filename, small.read(info.filename))\n"
+    "                continue\n"
+    "            with z.open(info.filename, 'w', force_zip64=True) as f:\n"
+    "                for _ in range(256):\n"
+    "                    f.write(bytes(1 << 20))\n"
+    "torch.save = _bomb\n")
+SECRET = "hunter2-in-the-graders-environment"
+SHOUT = (  # a 100 MB error message, and the grader's environment read back through feedback
+    "import os\n"
+    "SEEN = os.environ.get('COURSE_H5_SECRET', 'absent')\n"
+    "def double(x):\n"
+    "    raise ValueError('env: ' + SEEN + ' ' + 'x' * 10**8)\n")
+FILL_DISK = (  # 8 MB files until something stops it
+    SOLVED["fx_double"] + "\n"
+    "k = 0\n"
+    "while k < 10000:\n"
+    "    with open(f'fill-{k}', 'wb') as f:\n"
+    "        f.write(bytes(8 << 20))\n"
+    "    k += 1\n")
+SIGNAL_GRADER = (  # find the grader among the parents (not the worker): stop it, end it
+    "import os, signal\n" + SOLVED["fx_double"] + "\n"
+    "pid = os.getpid()\n"
+    "for _ in range(10):\n"
+    "    try:\n"
+    "        pid = int(open(f'/proc/{pid}/status').read().split('PPid:')[1].split()[0])\n"
+    "        cmd = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+    "    except (OSError, IndexError, ValueError):\n"
+    "        break\n"
+    "    if pid <= 1:\n"
+    "        break\n"
+    "    if b'worker' not in cmd and (b'pytest' in cmd or b'grade' in cmd):\n"
+    "        for sig in ('SIGSTOP', 'SIGTERM', 'SIGHUP', 'SIGUSR1', 'SIGINT', 'SIGQUIT'):\n"
+    "            os.kill(pid, getattr(signal, sig))\n"
+    "        break\n")
+EARLY_CASES = (  # read every hidden case before the first check runs, to answer them all
+    "import glob, os\n"
+    "IO = os.path.join(os.path.dirname(os.getcwd()), 'io')\n"
+    "SEEN = len(glob.glob(os.path.join(IO, '*.in.pt')))\n"
+    "def double(x):\n"
+    "    return FACTOR * x + SEEN\n")
+FULL = {g: (POINTS[g], False, "") for g in POINTS}
+BOUNDED = {
+    "20_deflated_result_declaring_256_mib.ipynb": (solved(fx_double=BOMB), {
+        "fx_double_test": (0, True, "torch.save"), "fx_square_test": (0, True, "torch.save"),
+        "fx_inc_test": (0, True, "torch.save")}),
+    "21_error_of_100_mb_reads_the_environment.ipynb": (solved(fx_double=SHOUT, fx_square=(
+        "raise ValueError('y' * 10**8)")), {
+        "fx_double_test": (0, False, "env: absent"), "fx_square_test": (0, False, ""),
+        "fx_inc_test": (1, False, "")}),
+    "22_fills_the_disk.ipynb": (solved(fx_double=FILL_DISK), {
+        g: (0, False, "MB into its folders") for g in POINTS}),
+    "23_signals_the_grader.ipynb": (solved(fx_double=SIGNAL_GRADER), {
+        g: (0, True, "/proc") for g in POINTS}),
+    "24_reads_the_hidden_cases_first.ipynb": (solved(fx_double=EARLY_CASES, fx_square=(
+        "import glob, os\nLATER = len(glob.glob(os.path.join(IO, '*.in.pt')))\n"
+        "def square(x):\n    return x * x + LATER")), FULL),
+}
+DISK_MB = 64  # the attacks' run: a small quota, so filling it is quick
+
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
@@ -134,7 +221,7 @@ def course(tmp_path_factory):
     solutions, pylib = make_course(root)
     subs = root / "submissions"
     subs.mkdir()
-    for name, (nb, _) in ATTACKS.items():
+    for name, (nb, _) in {**ATTACKS, **BOUNDED}.items():
         write(subs, name, nb)
     return root, solutions, pylib, subs
 
@@ -159,7 +246,7 @@ MODES = ["sandbox", "no sandbox"] if sandbox.unavailable() is None else ["no san
 UNSANDBOXED = ["02_forges_the_worker_result.ipynb", "03_rewrites_the_checkers.ipynb",
                "04_runs_the_solutions.ipynb", "09_writes_outside_its_folder.ipynb",
                "10_leaves_a_process_behind.ipynb", "11_breaks_the_set_up.ipynb",
-               "99_blank_after_the_attacks.ipynb"]
+               "23_signals_the_grader.ipynb", "99_blank_after_the_attacks.ipynb"]
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -169,16 +256,44 @@ def attacked(course, request):
     before = _digests(subs, solutions, pylib)
     lines = []
     files = [subs] if request.param == "sandbox" else [subs / n for n in UNSANDBOXED]
-    results = grading.grade(files, timeout=TIMEOUT, memory_mb=MEMORY_MB, jobs=1,
-                            solutions_dir=solutions, python_path=[pylib],
-                            sandbox=request.param == "sandbox", warn=lines.append)
+    peak = _peak_mb()
+    with _environment(COURSE_H5_SECRET=SECRET):
+        results = grading.grade(files, timeout=TIMEOUT, memory_mb=MEMORY_MB, jobs=1,
+                                solutions_dir=solutions, python_path=[pylib],
+                                sandbox=request.param == "sandbox", warn=lines.append,
+                                disk_mb=DISK_MB)
+    grew_mb = _peak_mb() - peak
     after = _digests(subs, solutions, pylib)
     stray = [p for p in ("/tmp/pwned.txt", "/tmp/pwned-by-pickle", str(Path.home() / "pwned.txt"))
              if Path(p).exists()]
     for p in stray:
         Path(p).unlink()
     return request.param, {Path(r.submission).name: r for r in results}, before, after, \
-        lines, stray, _lingering()
+        lines, stray, _lingering(), grew_mb
+
+
+def _peak_mb() -> int:
+    """This process's peak memory so far (the grader's: grade() runs here), in MB."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> (20 if sys.platform == "darwin"
+                                                                  else 10)
+
+
+@contextlib.contextmanager
+def _environment(**values):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
@@ -187,6 +302,7 @@ def test_an_attack_scores_0_and_is_flagged_on_what_it_attacks(attacked, name):
     if name not in results:
         pytest.skip("covered by the sandboxed run")
     r = results[name]
+    assert len(r.exercises) == len(POINTS)
     assert r.error is None or "worker stopped" in r.error, r.error
     want = ATTACKS[name][1]
     by_id = {e.id: e for e in r.exercises}
@@ -201,7 +317,7 @@ def test_an_attack_scores_0_and_is_flagged_on_what_it_attacks(attacked, name):
 
 
 def test_nothing_changed_nothing_written_nothing_left_running(attacked):
-    mode, _, before, after, _, stray, lingering = attacked
+    mode, _, before, after, _, stray, lingering, _ = attacked
     assert after == before, mode
     if mode == "sandbox":  # without it a write to /tmp succeeds (flagged, and documented)
         assert stray == []
@@ -210,7 +326,7 @@ def test_nothing_changed_nothing_written_nothing_left_running(attacked):
 
 
 def test_without_the_sandbox_one_line_says_so(attacked):
-    mode, *_, lines, _, _ = attacked
+    mode, *_, lines, _, _, _ = attacked
     if mode == "sandbox":
         assert lines == []
     else:
@@ -270,3 +386,95 @@ def test_the_scan_names_each_cheat(source, words):
 
     found = suspicious(source, {"check"})
     assert any(words in f for f in found), found
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 23: everything a submission sends back is bounded; without a sandbox it is contained
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDED))
+def test_what_a_submission_sends_back_is_bounded(attacked, name):
+    mode, results, *_ = attacked
+    if name not in results:
+        pytest.skip("covered by the sandboxed run")
+    r = results[name]
+    assert r.error is None, r.error
+    for e in r.exercises:
+        points, flagged, words = BOUNDED[name][1][e.id]
+        assert (e.score, e.flagged) == (points, flagged), (mode, e)
+        assert words in e.feedback, (mode, e)
+        assert len(e.feedback) <= FEEDBACK_CHARS and SECRET not in e.feedback, (mode, e)
+
+
+def test_a_result_that_would_expand_in_memory_is_refused_before_it_is_read(attacked):
+    mode, results, *_, grew_mb = attacked
+    bomb = results.get("20_deflated_result_declaring_256_mib.ipynb")
+    if bomb is None:
+        pytest.skip("covered by the sandboxed run")
+    feedback = " ".join(e.feedback for e in bomb.exercises)
+    assert "the result file has a compressed entry" in feedback
+    # Read as it was, the 0.3 MB file would have made this process allocate 256 MiB at once.
+    assert grew_mb < 128, (mode, grew_mb)
+
+
+def test_a_0d_result_stays_0d():
+    from course_lib.checks._data import decode, encode, to_data
+
+    assert to_data(np.array(2.5)).shape == () and to_data(np.float32(1)) == 1.0
+    assert decode(encode(np.array(1.0))).shape == ()
+    assert to_data(np.arange(6.0).reshape(2, 3).T).shape == (3, 2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE: Linux")
+def test_a_kernel_cannot_write_a_file_past_the_file_limit(tmp_path):
+    write_big = (f"f = open({str(tmp_path / 'big')!r}, 'wb')\n"
+                 "try:\n    f.write(bytes(3 << 20)); f.flush(); print('wrote it')\n"
+                 "except OSError as e:\n    print('refused', e.errno)\n")
+    done = subprocess.run([sys.executable, "-I", LAUNCHER, "0", "1", sys.executable, "-c",
+                           write_big], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "refused 27", done.stderr  # EFBIG
+    assert (tmp_path / "big").stat().st_size <= 1 << 20
+
+
+def test_feedback_starting_like_a_formula_is_text_in_the_csv():
+    r = grading.SubmissionResult("=HYPERLINK(\"http://x\",\"open me\").ipynb", exercises=[
+        grading.ExerciseResult(f"fx_{k}", 0, 1, text) for k, text in enumerate(
+            ["=1+1", "+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)", "\t=1", "\r=1", "fine -1"])])
+    rows = list(csv.reader(io.StringIO(grading.format_csv([r]), newline="")))
+    cells = [c for row in rows[1:] for c in row]
+    assert not any(c.startswith(FORMULA_START) for c in cells), cells
+    assert rows[-1][-1] == "fine -1" and rows[1][-1] == "'=1+1"
+
+
+def test_the_kernel_gets_only_the_allowed_environment(tmp_path):
+    layout = sandbox.Layout.create()
+    try:
+        env = sandbox.kernel_env(layout, {"PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "k",
+                                          "GITHUB_TOKEN": "t", "TRITON_INTERPRET": "1",
+                                          "LC_ALL": "C", "HOME": "/root"}, [])
+    finally:
+        shutil.rmtree(layout.root)
+    assert {"PATH", "TRITON_INTERPRET", "LC_ALL", "HOME"} <= set(env)
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "GITHUB_TOKEN" not in env
+    assert env["HOME"] == str(layout.home)
+
+
+def test_a_python_path_over_the_solutions_is_refused(course):
+    root, solutions, pylib, subs = course
+    for folder in (root, solutions, solutions / "inner"):
+        with pytest.raises(grading.GradingEnvironmentError, match="solutions folder"):
+            grading.grade([subs / "99_blank_after_the_attacks.ipynb"], solutions_dir=solutions,
+                          python_path=[folder])
+
+
+def test_without_a_sandbox_course_grade_refuses_unless_told_so_unsafely(course):
+    _, solutions, pylib, subs = course
+    env = dict(os.environ, COURSE_GRADE_NO_SANDBOX="1")
+    blank = str(subs / "99_blank_after_the_attacks.ipynb")
+    cmd = [sys.executable, "-m", "course_tools", "grade", blank, "--solutions", str(solutions)]
+    refused = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and "refusing to grade" in refused.stderr, refused.stderr
+    assert "--unsafe-no-sandbox" in refused.stderr and refused.stdout == ""
+    old = subprocess.run([*cmd, "--no-sandbox"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert old.returncode == 2 and "now --unsafe-no-sandbox" in old.stderr

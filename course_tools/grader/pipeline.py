@@ -15,6 +15,7 @@ from pathlib import Path
 from course_tools.grader import guard
 from course_tools.grader.assemble import assemble
 from course_tools.grader.calls import checker_names
+from course_tools.grader.limits import DISK_MB
 from course_tools.grader.match import match_source
 from course_tools.grader.preflight import GradingEnvironmentError, environment_problem
 from course_tools.grader.read import (
@@ -79,13 +80,14 @@ def default_jobs() -> int:
 def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidden: bool = True,
           jobs: int | None = None, solutions_dir: Path | None = None,
           python_path: list[str] | None = None, sandbox: bool = True,
-          warn=None) -> list[SubmissionResult]:
+          warn=None, disk_mb: int = DISK_MB) -> list[SubmissionResult]:
     """Grade every submission (directories expand to the notebooks inside), concurrently.
 
     `warn(line)` receives the one line saying that the kernel is not sandboxed, when it is not
     (`course grade` prints it to stderr). `python_path`: extra folders the kernel imports from
     (read-only in the sandbox), e.g. a course's own checker modules. `sandbox=False` runs the
-    kernel without bubblewrap even where it works (for debugging a submission).
+    kernel without bubblewrap even where it works (for debugging a submission). `disk_mb`: what
+    a submission's files may take in all (a cell past it stops the submission).
 
     Raises GradingEnvironmentError, and grades no further submission, when the grading kernel
     itself is broken (see `preflight.py`): handing out zeros for it would blame the learners."""
@@ -99,6 +101,7 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
     if refused:
         raise GradingEnvironmentError(refused)
     settings = Settings(timeout=timeout, memory_mb=memory_mb, jobs=jobs, sandbox=sandbox,
+                        disk_mb=disk_mb,
                         python_path=[str(p) for p in extra],
                         hide=[solutions.resolve(), *sorted(folders)],
                         protect=[p.resolve() for p in files if p.is_file()])

@@ -69,10 +69,11 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 def csv_safe(field):
     """A CSV field a spreadsheet shows as text: one that starts with =, +, -, @, a tab or a
     carriage return (which Excel, LibreOffice and Google Sheets would read as a formula) gets
-    a leading apostrophe. Numbers are left as they are."""
-    if isinstance(field, str) and field.startswith(FORMULA_START):
-        return "'" + field
-    return field
+    a leading apostrophe; a carriage return inside becomes a space (the writer would not quote
+    it, and a reader would split the row there). Numbers are left as they are."""
+    if not isinstance(field, str):
+        return field
+    return ("'" if field.startswith(FORMULA_START) else "") + field.replace("\r", " ")
 
 
 class SafeWriter:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from course_tools.grader import guard, preflight, probes, sandbox
 from course_tools.grader.assemble import Plan
-from course_tools.grader.limits import cell_limit, run_deadline
+from course_tools.grader.limits import DISK_MB, cell_limit, run_deadline
 from course_tools.grader.worker import LAUNCHER, kill_group
 
 
@@ -36,6 +36,7 @@ class Settings:
 
     timeout: float = 60
     memory_mb: int = 4096
+    disk_mb: int = DISK_MB  # all of a submission's files together (limits.py)
     jobs: int = 1
     python_path: list[str] = field(default_factory=list)  # extra import folders for the kernel
     hide: list[Path] = field(default_factory=list)  # solutions/, the submissions' folders
@@ -54,7 +55,7 @@ class Settings:
 
         self.course_lib = Path(course_lib.__file__).resolve().parent
         self.given_path = list(self.python_path)
-        self.why_not_sandboxed = sandbox.unavailable() if self.sandbox else "--no-sandbox"
+        self.why_not_sandboxed = sandbox.unavailable() if self.sandbox else "--unsafe-no-sandbox"
         if self.why_not_sandboxed and os.name == "posix":
             self._private_copy()
         elif self.why_not_sandboxed and not _is_site_dir(self.course_lib.parent):
@@ -184,6 +185,7 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings,
         "ipc": str(layout.ipc) if sys.platform.startswith("linux") else None,  # tcp elsewhere
         "env": sandbox.kernel_env(layout, env, path),
         "memory_mb": settings.memory_mb,
+        "disk_mb": settings.disk_mb,
         "watch": {p: v for p, v in settings.watch.items() if p in settings.per_cell},
         "snapshot": str(settings.snapshot / "originals" if settings.snapshot else ""),
     }

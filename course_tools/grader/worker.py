@@ -158,6 +158,7 @@ class KernelRun:
         self.restarts = 0
         self.over: str | None = None  # why the submission's folders are over the quota
         self.folders = [f for f in spec.get("disk") or [] if f]
+        self.disk_mb = int(spec.get("disk_mb") or DISK_MB)
 
     async def start(self) -> None:
         ipc = self.spec.get("ipc")
@@ -208,7 +209,7 @@ class KernelRun:
             return {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
         finally:
             disk.cancel()
-        self.over = self.over or guard.over_quota(self.folders, DISK_MB, DISK_FILES)
+        self.over = self.over or guard.over_quota(self.folders, self.disk_mb, DISK_FILES)
         if self.over is not None:
             return {"status": QUOTA, "reason": self.over}
         return _status_of(cell, limit, time.monotonic() - t0)
@@ -218,7 +219,7 @@ class KernelRun:
         (RLIMIT_FSIZE caps one file; this caps them all)."""
         while self.over is None:
             await asyncio.sleep(0.25)
-            self.over = guard.over_quota(self.folders, DISK_MB, DISK_FILES)
+            self.over = guard.over_quota(self.folders, self.disk_mb, DISK_FILES)
         pgid = getattr(getattr(self.client.km, "provisioner", None), "pgid", None)
         if pgid:
             kill_group(pgid)
