@@ -372,6 +372,17 @@ def _adopt_orphans() -> None:
         pass
 
 
+def _die_with_grader() -> None:
+    """Linux: SIGKILL this worker when the grader that started it dies (its kernels then die
+    with it: the launcher's PR_SET_PDEATHSIG, bubblewrap's --die-with-parent)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux
+        pass
+
+
 def _kill_children() -> None:
     me = str(os.getpid())
     for _ in range(5):
@@ -398,6 +409,7 @@ def _worker_main(ctl: str) -> int:
     sys.stdout = sys.stderr  # a library's print must not look like a forgery on the real fd 1
     guard.limit_self(WORKER_MB)  # what a kernel's messages may cost this process
     _adopt_orphans()
+    _die_with_grader()
     spec = json.loads((Path(ctl) / "spec.json").read_text(encoding="utf-8"))
     if sys.platform == "win32":  # pyzmq's asyncio sockets need a selector loop on Windows
         asyncio.set_event_loop_policy(asyncio.WindowsSelectorEventLoopPolicy())
