@@ -59,3 +59,32 @@ def test_bad_arguments():
         CheaperAttentionModel(10, 5, kind="linear", window=3)
     with pytest.raises(ValueError, match=r"wanted \(batch, n <= 8\)"):
         CheaperAttentionModel(10, 5, max_len=8)(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_majority_batch_asks_for_the_most_frequent_token():
+    from course_lib.models.cheaper import majority_batch
+    tokens, targets = majority_batch(torch.Generator().manual_seed(0), batch=500, n=24, vocab=8)
+    assert tokens.shape == targets.shape == (500, 25)
+    assert (tokens[:, -1] == 8).all() and (targets[:, :-1] == -100).all()
+    counts = torch.nn.functional.one_hot(tokens[:, :-1], 8).sum(1)           # (500, 8)
+    answered = targets[:, -1] != -100
+    best = counts.max(-1).values
+    assert torch.equal(counts[answered].argmax(-1), targets[answered, -1])
+    assert ((counts == best[:, None]).sum(-1) > 1).eq(~answered).all()      # ties, and only ties
+    assert 0.7 < answered.float().mean() < 1.0
+    again = majority_batch(torch.Generator().manual_seed(0), batch=500, n=24, vocab=8)
+    assert torch.equal(again[0], tokens) and torch.equal(again[1], targets)
+
+
+def test_recorded_sweeps_are_whole():
+    from course_lib.models import cheaper_results as r
+    from course_lib.models.cheaper_sweep import LINEAR_STEPS, SEEDS, WIDTHS
+    want = {("softmax", d, 300) for d in WIDTHS} | {("linear", d, s) for d in WIDTHS
+                                                     for s in LINEAR_STEPS}
+    got = [(row["kind"], row["d_head"], row["steps"]) for row in r.LINEAR_RECALL]
+    assert set(got) == want and all(got.count(w) == len(SEEDS) for w in want)
+    assert all(sorted(r.by_k(row)) == list(range(1, 25)) for row in r.LINEAR_RECALL)
+    assert len(r.MAJORITY) == 2 * len(SEEDS)
+    assert {(row["d_head"], row["kv_heads"]) for row in r.SHARING} == {(2, 4), (2, 2), (2, 1),
+                                                                       (8, 4), (8, 1)}
+    assert sorted(r.by_k(r.WINDOWED)) == list(range(1, 25))

@@ -9,8 +9,9 @@ attention layer with a residual, LayerNorm, a linear readout) with its attention
     CheaperAttentionModel(vocab, classes, kind="linear")      linear attention, φ = elu + 1
 
 so that trained on the same task for the same steps, what each shortcut costs in accuracy is the
-only difference. Tasks: chapter 06's recall-k-back (a window of W can answer k < W, never more)
-and chapter 05's bracket task (two jobs for the heads, to see what sharing K and V costs).
+only difference. Tasks: chapter 06's recall-k-back (a window of W can answer k < W, never more),
+chapter 05's bracket task (two jobs for the heads, to see what sharing K and V costs) and
+`majority_batch` (the most frequent token: a task an even blend of the past answers).
 """
 
 from __future__ import annotations
@@ -21,9 +22,33 @@ import torch.nn as nn
 from course_lib.linear_attention import linear_attention
 from course_lib.masks import causal_mask, sliding_window_mask
 from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
-from course_lib.validate import check_choice
+from course_lib.train import IGNORE_INDEX
+from course_lib.validate import check_choice, check_count
 
 KINDS = ("softmax", "linear")
+
+
+def majority_batch(generator: torch.Generator, batch: int = 64, n: int = 24, vocab: int = 8,
+                   boost: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """n tokens, then a query token `vocab` that asks: which token was the most frequent?
+
+    Each sequence draws a favourite token and takes it at each position with probability
+    `boost`, else a uniform token, so the favourite usually, not always, wins. Returns tokens
+    (batch, n+1) and targets (batch, n+1): -100 except the last position, whose target is the
+    most frequent token (-100 there too when two tokens tie). The answer needs no position
+    picked out: an even blend of all n tokens' identities holds it.
+    """
+    n, vocab = check_count(n, "n"), check_count(vocab, "vocab", minimum=2)
+    favourite = torch.randint(0, vocab, (batch, 1), generator=generator)        # (B, 1)
+    uniform = torch.randint(0, vocab, (batch, n), generator=generator)          # (B, n)
+    x = torch.where(torch.rand(batch, n, generator=generator) < boost, favourite, uniform)
+    counts = nn.functional.one_hot(x, vocab).sum(1)                             # (B, vocab)
+    top = counts.topk(2, dim=-1).values                                         # (B, 2)
+    answer = counts.argmax(-1).masked_fill(top[:, 0] == top[:, 1], IGNORE_INDEX)
+    tokens = torch.cat([x, torch.full((batch, 1), vocab)], dim=1)               # (B, n+1)
+    targets = torch.full_like(tokens, IGNORE_INDEX)
+    targets[:, -1] = answer
+    return tokens, targets
 
 
 class LinearMultiHeadAttention(nn.Module):
