@@ -120,6 +120,10 @@ def test_wrong_self_attention(wrong, words):
     (lambda x, w_q, w_k, w_v: (lambda q, k, v: (
         torch.softmax(q @ k.transpose(-2, -1), -1) @ v, torch.softmax(q @ k.transpose(-2, -1), -1)
     ))(x @ w_q, x @ w_k, x @ w_v), "lost the 1/sqrt"),
+    (lambda x, w_q, w_k, w_v: (lambda q, k, v: (
+        torch.softmax(q @ k.transpose(-2, -1) / 2, -2) @ v,
+        torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=1)
+    ))(x @ w_q, x @ w_k, x @ w_v), "softmax ran over the queries"),
     (lambda x, w_q, w_k, w_v: batched_ok(x, w_q, w_k, w_v)[0], "should return a pair"),
     (lambda x, w_q, w_k, w_v: (batched_ok(x, w_q, w_k, w_v)[0],
                                batched_ok(x, w_q, w_k, w_v)[1][0]), "shape"),
@@ -137,15 +141,27 @@ def test_the_planted_reshape_is_named_on_hidden_cases():
         check.batched_attention.judge(cases, outcomes)
 
 
-def test_shuffle_prediction(capsys):
-    check.shuffle_prediction(" Shuffled ")
-    assert capsys.readouterr().out.startswith("✔")
-    for wrong, words in [(None, "is None"), (3, "should be one of"), ("rot", "should be one of"),
-                         ("same", "the run says 'shuffled'"), ("different", "SET of all tokens")]:
+def test_shuffle_prediction_is_committed_whatever_it_says(capsys):
+    from course_lib.checks import _predict
+    for choice in (" Shuffled ", "same", "different"):
+        _predict.forget()
+        check.shuffle_prediction(choice)
+        out = capsys.readouterr().out
+        assert out.index("📌 Recorded") < out.index("The run:")
+    for wrong, words in [(None, "is None"), (3, "should be one of"), ("rot", "should be one of")]:
+        _predict.forget()
         with pytest.raises(CheckFailure, match=words):
             check.shuffle_prediction(wrong)
     run = check.shuffle_experiment()
     assert run["shuffled"] < 1e-12 < 0.1 < run["same"]
+    for why, words in [("a", "moves with it"), ("b", "does not care about the order"), ("c", "")]:
+        _predict.forget()
+        if words:
+            with pytest.raises(CheckFailure, match=words):
+                check.shuffle_why(why)
+        else:
+            check.shuffle_why(why)
+    _predict.forget()
 
 
 def _dilution_run(seed, trials=500, scale=True):
@@ -169,6 +185,7 @@ def test_any_honest_dilution_run_passes(seed, capsys):
     ({4: 0.5, 64: 0.1}, "no entry for 1024"),
     (_dilution_run(0, scale=False), "sqrt"),
     ({4: 0.25, 64: 1 / 64, 1024: 1 / 1024}, "LARGEST weight"),
+    ({4: 0.9, 64: 0.5, 1024: 0.3}, "too LARGE"),
     ({4: 0.5, 64: 0.1, 1024: float("nan")}, "finite"),
     ({4: 2.0, 64: 0.1, 1024: 0.02}, "cannot be a softmax weight"),
 ])

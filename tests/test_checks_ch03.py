@@ -11,27 +11,25 @@ from course_lib.checks import CheckFailure
 from course_lib.checks import ch03 as check
 
 
-def predicted_ok(d_k, scaled):
-    return 1.0 if scaled else float(d_k)
+def predicted_ok(d_k, sigma_q, sigma_k, scaled):
+    return sigma_q ** 2 * sigma_k ** 2 * (1.0 if scaled else float(d_k))
 
 
-def measured_ok(seed=0, scale=False, std=False):
+def measure_ok(seed, scale=False, std=False, unit=False):
     g = torch.Generator().manual_seed(seed)
-    out = {}
-    for d in (16, 256):
-        s = torch.randn(300, d, generator=g) @ torch.randn(300, d, generator=g).T
-        s = s / math.sqrt(d) if scale else s
-        out[d] = (s.std() if std else s.var()).item()
-    return out
+    sq, sk = (1.0, 1.0) if unit else (2.0, 1.5)
+    s = (sq * torch.randn(300, 64, generator=g)) @ (sk * torch.randn(300, 64, generator=g)).T
+    s = s / 8 if scale else s
+    return (s.std() if std else s.var()).item()
 
 
 def entropy_ok(w):
     return -torch.xlogy(w, w).sum(-1)
 
 
-def jacobian_ok(s):
-    p = torch.softmax(s, -1)
-    return torch.diag(p) - torch.outer(p, p)
+def jacobian_ok(s, t):
+    p = torch.softmax(s / t, -1)
+    return (torch.diag(p) - torch.outer(p, p)) / t
 
 
 # Right answers (the reference, then other forms a learner may write); each must pass.
@@ -42,7 +40,8 @@ CORRECT = [
     (check.entropy, lambda w: -np.where(w.numpy() > 0,
                                         w.numpy() * np.log(np.where(w.numpy() > 0, w.numpy(), 1)),
                                         0).sum(-1)),
-    (check.predicted_variance, lambda d, s: np.float32(1 if s else d)),
+    (check.predicted_variance, lambda d, a, b, s: np.float64((a * b) ** 2 * (1 if s else d))),
+    (check.measured_variance, measure_ok),
 ]
 
 # Wrong answers every checker of this chapter must survive, with the words the feedback
@@ -58,14 +57,16 @@ GENERIC_WRONG = [
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
     (check.softmax_jacobian,
-     lambda s: torch.autograd.functional.jacobian(lambda x: torch.softmax(x, -1), s)),
+     lambda s, t: torch.autograd.functional.jacobian(lambda x: torch.softmax(x / t, -1), s)),
 ]
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda d, s: math.sqrt(d), "standard deviation"),
-    (lambda d, s: float(d), "still predict"),
-    (lambda d, s: 2.0 * d, "expected"),
+    (lambda d, a, b, s: 1.0 if s else float(d), "unit-variance answer"),
+    (lambda d, a, b, s: a * b * (1.0 if s else d), "SQUARE"),
+    (lambda d, a, b, s: math.sqrt(predicted_ok(d, a, b, s)), "standard deviation|unit-variance"),
+    (lambda d, a, b, s: predicted_ok(d, a, b, False), "still predict"),
+    (lambda d, a, b, s: 3.0 * d, "not the variance"),
 ])
 def test_wrong_prediction(wrong, words):
     with pytest.raises(CheckFailure, match=words):
@@ -85,51 +86,72 @@ def test_wrong_entropy(wrong, words):
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda s: -torch.outer(torch.softmax(s, -1), torch.softmax(s, -1)), "only the -p_i p_j"),
-    (lambda s: torch.diag(torch.softmax(s, -1)), "only the diagonal"),
-    (lambda s: jacobian_ok(s).diagonal(), "shape"),
-    (lambda s: jacobian_ok(s).T * 2, "differs"),
+    (lambda s, t: jacobian_ok(s, t) * t, "forgot the chain rule"),
+    (lambda s, t: jacobian_ok(s, t) * t * t, "multiplied by the temperature"),
+    (lambda s, t: jacobian_ok(s, 1.0) / t, "ignore the temperature"),
+    (lambda s, t: -torch.outer(torch.softmax(s / t, -1), torch.softmax(s / t, -1)) / t,
+     "only the -p_i p_j"),
+    (lambda s, t: jacobian_ok(s, t).diagonal(), "shape"),
+    (lambda s, t: jacobian_ok(s, t).T * 2, "differs"),
 ])
 def test_wrong_jacobian(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.softmax_jacobian(wrong)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
-def test_any_honest_variance_measurement_passes(seed, capsys):
-    check.measured_variance(measured_ok(seed))
-    assert "grows like d_k" in capsys.readouterr().out
+@pytest.mark.parametrize("seed", [0, 12345])
+def test_an_honest_measure_passes_on_hidden_seeds(seed):
+    from course_lib.checks._protocol import run_cases
+    cases = check.measured_variance.cases(seed, True)
+    assert len(cases) == 5
+    check.measured_variance.judge(cases, run_cases(check.measured_variance, (measure_ok,), cases))
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (None, "is None"),
-    ({16: 16.0, 256: 256.0}, "not a measurement"),
-    (measured_ok(std=True), "standard deviation"),
-    (measured_ok(scale=True), "scaled scores"),
-    ({16: 30.0, 256: 250.0}, "a correct run gives about 16"),
-    ({16: 16.2}, "no entry for 256"),
-    ("16", "should be a dict"),
+    (lambda seed: 576.0, "exactly the formula"),
+    (lambda seed: 570.0, "same number for different seeds"),
+    (lambda seed: measure_ok(seed, std=True), "standard deviation"),
+    (lambda seed: measure_ok(seed, unit=True), "unit-variance"),
+    (lambda seed: measure_ok(seed, scale=True), "too small"),
+    (lambda seed: 2 * measure_ok(seed), "too large"),
 ])
-def test_wrong_variance_measurements(wrong, words):
-    with pytest.raises(CheckFailure, match=words):
+def test_wrong_measurements_get_a_direction_never_the_number(wrong, words):
+    with pytest.raises(CheckFailure, match=words) as info:
         check.measured_variance(wrong)
+    assert "576" not in str(info.value).replace("576.0", "")
 
 
-def test_entropy_prediction_and_its_run(capsys):
+def test_entropy_prediction_is_committed_whatever_it_says(capsys):
+    from course_lib.checks import _predict
     run = check.entropy_experiment()
-    assert 0 < run["unscaled"] < 0.3 < 1.2 < run["scaled"] < math.log(6)
-    check.entropy_prediction({"unscaled": 0.0, "scaled": math.log(6) - 0.1})
-    assert capsys.readouterr().out.startswith("✔")
+    assert 0.3 < run["unscaled"] < 1.0 < 3.0 < run["scaled"] < math.log(64)
+    for guess in ({"unscaled": 0.0, "scaled": math.log(64)}, {"unscaled": 4.0, "scaled": 0.1}):
+        _predict.forget()
+        check.entropy_prediction(guess)
+        out = capsys.readouterr().out
+        assert out.index("📌 Recorded") < out.index("The run:")
+    _predict.forget()
 
 
 @pytest.mark.parametrize("wrong,words", [
     (None, "is None"),
-    ({"unscaled": 1.7, "scaled": 1.5}, "nearly one-hot"),
-    ({"unscaled": 0.1, "scaled": 0.1}, "standard\\s+deviation 1|stay spread"),
     ({"unscaled": -1.0, "scaled": 1.5}, "impossible"),
     ({"unscaled": 0.1, "scaled": 5.0}, "impossible"),
     ({"unscaled": float("inf"), "scaled": 1.5}, "finite"),
 ])
-def test_wrong_entropy_predictions_are_explained(wrong, words):
+def test_malformed_entropy_predictions_are_not_commits(wrong, words):
+    from course_lib.checks import _predict
+    _predict.forget()
     with pytest.raises(CheckFailure, match=words):
         check.entropy_prediction(wrong)
+    assert check.entropy_prediction.id not in _predict._RECORDS
+
+
+@pytest.mark.parametrize("why,words", [("a", "scaled does not mean uniform"),
+                                       ("b", "does not depend on the width alone")])
+def test_the_misconceptions_are_named(why, words):
+    from course_lib.checks import _predict
+    _predict.forget()
+    with pytest.raises(CheckFailure, match=words):
+        check.entropy_why(why)
+    _predict.forget()

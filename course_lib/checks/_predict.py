@@ -49,7 +49,8 @@ def _execution_count() -> int | None:
         return None
     shell = get_ipython()
     count = getattr(shell, "execution_count", None)
-    return count if isinstance(count, int) else None
+    # IPython counts the running cell before it runs: the cell's own number is one less
+    return count - 1 if isinstance(count, int) and count > 0 else None
 
 
 def _plain(value: Any) -> Any:

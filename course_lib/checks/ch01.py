@@ -1,5 +1,6 @@
-"""Checkers for exercises/01_soft_dictionary.ipynb: scores, a stable softmax with a temperature,
-the soft lookup, and the gradient of a lookup with respect to its query."""
+"""Checkers for exercises/01_soft_dictionary.ipynb: distance scores, a stable log-softmax with a
+temperature, a soft lookup by closeness, the gradient of a lookup with respect to its query, a
+committed prediction of a cold and a hot lookup (and its explanation), and a batched lookup."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import torch
 
 import course_lib.lookup as lookup
 from course_lib.checks._core import expect_close, expect_pair, expect_shape, fail, to_tensor
-from course_lib.checks._protocol import each, function_check, hint, value_check
+from course_lib.checks._predict import choice_check, commit_check
+from course_lib.checks._protocol import each, function_check, hint
 from course_lib.checks._values import read_numbers
 
-__all__ = ["similarity_scores", "softmax_weights", "soft_lookup", "query_gradient",
-           "temperature_prediction", "lookup_many", "hint"]
+__all__ = ["similarity_scores", "log_softmax_weights", "soft_lookup", "query_gradient",
+           "temperature_prediction", "temperature_why", "lookup_many", "hint"]
 
 SOLUTION = "solutions/01_soft_dictionary.ipynb"
 
@@ -31,18 +33,32 @@ def _scores_cases(seed: int, hidden: bool) -> list:
     return [_problem(rng, n, d) for n, d in sizes]
 
 
+def _distance_scores(query: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    return -((keys - query) ** 2).sum(axis=-1)
+
+
 @function_check(1, args=("query", "keys"), grade="scores", cases=_scores_cases)
 def similarity_scores(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         query, keys = case["query"], case["keys"]
-        (n, d), want = keys.shape, torch.as_tensor(keys @ query)
+        (n, d), want = keys.shape, torch.as_tensor(_distance_scores(query, keys))
         t = to_tensor(got, "similarity_scores(query, keys)", dtype=torch.float64)
         if t.shape != want.shape and t.numel() in (n * n, d) and n != d:
             fail(f"similarity_scores returned shape {tuple(t.shape)} for {n} keys of size {d}; "
                  f"expected one score per key, shape ({n},).")
+        if t.shape == want.shape and n > 1:
+            if torch.allclose(t, -want):
+                fail("your scores are the squared distances themselves: a NEAR key must get the "
+                     "HIGHER score, so the score is minus the squared distance.")
+            if torch.allclose(t, -(-want).sqrt()):
+                fail("your scores are minus the distance; the exercise asks for minus the "
+                     "SQUARED distance (no square root).")
+            if torch.allclose(t, torch.as_tensor(keys @ query)):
+                fail("those are dot products, chapter 01's scores; this exercise scores a key by "
+                     "how close it lies to the query: minus the squared distance.")
         expect_close(t, want, "similarity_scores(query, keys)", atol=1e-8, rtol=1e-6,
-                     hint="The score of key j is the dot product of key j with the query.")
-    return "similarity_scores: one dot product per key, shape (n,)."
+                     hint="Key j's score is -(sum over m of (keys[j, m] - query[m])²).")
+    return "similarity_scores: minus the squared distance to every key, shape (n,)."
 
 
 # ---------------------------------------------------------------- exercise 2
@@ -50,29 +66,44 @@ def similarity_scores(cases: list, outcomes: list) -> str:
 def _softmax_cases(seed: int, hidden: bool) -> list:
     rng = np.random.default_rng([2, seed])
     cases = [(rng.normal(size=6), 1.0), (rng.normal(size=4) * 3, 0.25),
-             (np.array([1000.0, 999.0, -1000.0]), 1.0), (np.array([0.5]), 2.0)]
+             (np.array([1000.0, 999.0, -1000.0]), 1.0), (np.array([0.5]), 2.0),
+             (np.array([0.0, -2000.0, 1.0]), 1.0)]
     if hidden:
         cases += [(np.array([-1e4, 0.0, 1e4]), 1.0), (np.array([2.0, 2.0]), 0.001),
                   (rng.normal(size=50) * 10, 3.0)]
     return [{"scores": s, "temperature": t} for s, t in cases]
 
 
+def _log_softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
+    z = scores / temperature
+    shifted = z - z.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
 @function_check(2, args=("scores", "temperature"), grade="softmax", cases=_softmax_cases)
-def softmax_weights(cases: list, outcomes: list) -> str:
+def log_softmax_weights(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         scores, temperature = case["scores"], case["temperature"]
-        z = scores / temperature
-        want = torch.as_tensor(np.exp(z - z.max()) / np.exp(z - z.max()).sum())
-        t = to_tensor(got, "softmax_weights(scores, temperature)", dtype=torch.float64)
-        if t.shape == want.shape and not torch.isfinite(t).all() and np.abs(z).max() > 100:
-            fail(f"softmax_weights gives NaN/inf for scores like {scores.tolist()}: exp of a large "
-                 "score overflows. Shift the scores before exponentiating; a shift cancels out.")
-        if t.shape == want.shape and torch.isfinite(t).all() and abs(float(t.sum()) - 1) > 1e-6:
-            fail(f"your weights sum to {float(t.sum()):.4f}, not 1: divide by the sum of the "
-                 "exponentials.")
-        expect_close(t, want, "softmax_weights(scores, temperature)", atol=1e-9, rtol=1e-7,
-                     hint="Divide the scores by the temperature before the softmax.")
-    return "softmax_weights: a stable softmax that sums to 1 and respects the temperature."
+        want = torch.as_tensor(_log_softmax(scores, temperature))
+        t = to_tensor(got, "log_softmax_weights(scores, temperature)", dtype=torch.float64)
+        if t.shape == want.shape and scores.size > 1:
+            if torch.isfinite(t).all() and torch.allclose(t, want.exp(), atol=1e-9):
+                fail("you returned the weights themselves; the exercise asks for their logs "
+                     "(each one <= 0, and exp of them sums to 1).")
+            if bool(torch.isneginf(t).any()) and bool(torch.isfinite(want).all()):
+                fail(f"log_softmax_weights gives -inf for scores like {scores.tolist()}: a weight "
+                     "that underflows to 0 has log -inf, though its log is an ordinary number. "
+                     "Compute the log directly instead of taking the log of the weights.")
+            if not torch.isfinite(t).all():
+                fail(f"log_softmax_weights gives NaN/inf for scores like {scores.tolist()}: exp of "
+                     "a large score overflows. Shift the scores first; a shift cancels out.")
+            if abs(float(t.exp().sum()) - 1) > 1e-6:
+                fail(f"exp of your log-weights sums to {float(t.exp().sum()):.4f}, not 1: "
+                     "subtract the log of the normalising sum.")
+        expect_close(t, want, "log_softmax_weights(scores, temperature)", atol=1e-9, rtol=1e-7,
+                     hint="Divide the scores by the temperature first.")
+    return ("log_softmax_weights: stable log-weights (finite where the weights underflow), "
+            "with the temperature.")
 
 
 # ---------------------------------------------------------------- exercise 3
@@ -85,19 +116,33 @@ def _lookup_cases(seed: int, hidden: bool) -> list:
     return [dict(_problem(rng, n, d, d_v), temperature=t) for n, d, d_v, t in sizes]
 
 
+def _near_lookup(case: dict) -> tuple:
+    w = np.exp(_log_softmax(_distance_scores(case["query"], case["keys"]), case["temperature"]))
+    return w @ case["values"], w
+
+
 @function_check(3, args=("query", "keys", "values", "temperature"), cases=_lookup_cases,
                 forbid=((lookup, "soft_lookup"),))
 def soft_lookup(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
-        want_value, want_weights = lookup.soft_lookup(
-            case["query"], case["keys"], case["values"], case["temperature"])
+        want_value, want_weights = _near_lookup(case)
         blended, weights = expect_pair(result, "soft_lookup", "(value, weights)")
-        expect_close(weights, torch.as_tensor(want_weights), "the weights", atol=1e-9, rtol=1e-7,
-                     hint="One weight per key: the softmax of the query's scores, with the "
+        w = to_tensor(weights, "the weights", dtype=torch.float64)
+        if w.shape == want_weights.shape and bool((w <= 0).all()) and w.numel() > 1:
+            fail("your weights are all <= 0: those are log-weights. Turn them into weights "
+                 "(exp) before you blend the values.")
+        dot = lookup.soft_lookup(case["query"], case["keys"], case["values"],
+                                 case["temperature"])[1]
+        if w.shape == want_weights.shape and torch.allclose(w, torch.as_tensor(dot)) and \
+                not np.allclose(dot, want_weights):
+            fail("your weights come from dot products; this lookup scores keys by closeness: "
+                 "use your similarity_scores.")
+        expect_close(w, torch.as_tensor(want_weights), "the weights", atol=1e-9, rtol=1e-7,
+                     hint="One weight per key: the softmax of the distance scores, with the "
                           "temperature.")
         expect_close(blended, torch.as_tensor(want_value), "the blended value", atol=1e-9,
                      rtol=1e-7, hint="The value is the weighted sum of the rows of values.")
-    return "soft_lookup: weights and blended value match, for scalar and vector values."
+    return "soft_lookup: weights from closeness, blended values, for scalar and vector values."
 
 
 # ---------------------------------------------------------------- exercise 4
@@ -137,30 +182,38 @@ PREDICT_KEYS = np.array([[2.0, 0.0], [0.0, 2.0], [-2.0, 0.0], [0.0, -2.0]])
 PREDICT_VALUES = np.array([10.0, 20.0, 30.0, 40.0])
 PREDICT_QUERY = np.array([1.0, 0.5])
 TEMPERATURES = {"cold": 0.01, "hot": 100.0}
-_TOLERANCE = {"cold": 0.5, "hot": 1.0}
 
 
-@value_check(5, grade="temperature")
-def temperature_prediction(cases: list, outcomes: list) -> str:
-    (_, got), = each(cases, outcomes)
-    predicted = read_numbers(got, "prediction", tuple(TEMPERATURES))
-    lines = []
+def _read_temperature(got) -> dict:
+    return read_numbers(got, "prediction", tuple(TEMPERATURES))
+
+
+@commit_check(5, read=_read_temperature, grade="temperature")
+def temperature_prediction(predicted: dict) -> str:
+    parts = []
     for name, temperature in TEMPERATURES.items():
         measured, weights = lookup.soft_lookup(PREDICT_QUERY, PREDICT_KEYS, PREDICT_VALUES,
                                                temperature)
-        gap = predicted[name] - float(measured)
-        if abs(gap) > _TOLERANCE[name]:
-            why = ("a cold softmax puts (almost) all the weight on the best-matching key, "
-                   f"key {int(np.argmax(weights))}: the soft lookup becomes a hard lookup"
-                   if name == "cold" else
-                   "a hot softmax flattens the weights towards 1/n each: the lookup returns "
-                   "(nearly) the plain average of the values")
-            lines.append(f"at temperature {temperature:g} the lookup returned "
-                         f"{float(measured):.2f}, you predicted {predicted[name]:.2f}: {why}.")
-    if lines:
-        fail("your prediction is off: " + " And ".join(lines))
-    return ("prediction: cold -> the best match's value (a hard lookup), hot -> nearly the "
-            "average of the values.")
+        parts.append(f"{name} (T = {temperature:g}): the lookup returns {float(measured):.2f} "
+                     f"with weights {np.round(weights, 3).tolist()}, you predicted "
+                     f"{predicted[name]:.2f}")
+    return "prediction committed. The run: " + "; ".join(parts) + "."
+
+
+temperature_why = choice_check(
+    5, grade="temperature_why", name="temperature_why", module=__name__,
+    choices={
+        "a": "the temperature does not rescale the values; it divides the SCORES, so it changes "
+             "how sharply the weights favour one key, and the blend of the same four values "
+             "follows.",
+        "b": None,
+        "c": "dividing by a large temperature does not make every score 0 and the weights "
+             "undefined: equal (near-zero) scores give equal weights, 1/n each, and a plain "
+             "average.",
+    },
+    right="why: dividing the scores by 0.01 multiplies every gap by 100, so one key takes all "
+          "the weight (a hard lookup); dividing by 100 shrinks the gaps to almost nothing, so "
+          "the weights are nearly 1/n each (an average).")
 
 
 # ---------------------------------------------------------------- exercise 6 (debug)
@@ -174,6 +227,12 @@ def _many_cases(seed: int, hidden: bool) -> list:
         problem = _problem(rng, n, d, d_v)
         del problem["query"]
         cases.append({"queries": rng.normal(size=(m, d)), **problem, "temperature": t})
+    # rows of very different scale: a query of norm ~1000 next to one of norm ~1 (a shift by
+    # the max of the WHOLE matrix underflows the small row to 0 / 0)
+    problem = _problem(rng, 4, 3, 2)
+    del problem["query"]
+    queries = rng.normal(size=(3, 3)) * np.array([[1000.0], [1.0], [-300.0]])
+    cases.append({"queries": queries, **problem, "temperature": 1.0})
     return cases
 
 
@@ -202,6 +261,11 @@ def lookup_many(cases: list, outcomes: list) -> str:
             fail("your row sums broadcast along the wrong axis: a sum over axis 1 has shape "
                  "(m,), which divides COLUMN j by row j's sum. Keep the summed axis "
                  "(keepdims=True) so each row is divided by its own sum.")
+        if not bool(torch.isfinite(w).all()) and bool(np.isfinite(want).all()):
+            fail("some rows of your weights are NaN when the queries differ in scale (one query "
+                 "a thousand times longer than another): every row was shifted by the largest "
+                 "score of the WHOLE matrix, so a row far below it underflows to 0 / 0. Shift "
+                 "each row by its own largest score.")
         rows = w.sum(dim=1)
         if bool(torch.isfinite(rows).all()) and not torch.allclose(rows, torch.ones_like(rows)):
             fail(f"the rows of your weights sum to {rows.numpy().round(3).tolist()}, not 1: "
@@ -210,5 +274,6 @@ def lookup_many(cases: list, outcomes: list) -> str:
         expect_close(blended, torch.as_tensor(want @ values), "the blended values of lookup_many",
                      atol=1e-9, rtol=1e-7, hint="Each query blends the rows of values with its "
                      "own weights.")
-    return "lookup_many: every query's weights sum to 1 over the keys; the bug is fixed."
+    return ("lookup_many: every query's weights sum to 1 over the keys, each row shifted by its "
+            "own max; the bugs are fixed.")
 

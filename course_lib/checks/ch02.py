@@ -13,11 +13,12 @@ from course_lib.attention import scaled_dot_product_attention as _reference_atte
 from course_lib.attention import softmax as _reference_softmax
 from course_lib.checks._cases import generator, randn
 from course_lib.checks._core import expect_close, expect_pair, fail, matches, to_tensor
+from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._values import read_choice, read_numbers
 
 __all__ = ["attention_scores", "softmax_rows", "self_attention", "batched_attention",
-           "shuffle_prediction", "dilution_experiment", "hint"]
+           "shuffle_prediction", "shuffle_why", "dilution_experiment", "hint"]
 
 SOLUTION = "solutions/02_queries_keys_values.ipynb"
 # the references an attention answer must not call
@@ -173,6 +174,10 @@ def batched_attention(cases: list, outcomes: list) -> str:
                 fail("still reshaping K: k.reshape(b, d_k, n) has the right shape but not the "
                      "right numbers (it refills the same memory row by row, so entries of "
                      "different keys end up in one column). Swap the last two axes instead.")
+            scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])
+            if _close(w, torch.softmax(scores, dim=-2)):
+                fail("each COLUMN of your weights sums to 1: the softmax ran over the queries "
+                     "(dim=-2 / dim=1). Each query's row must sum to 1 over the keys: dim=-1.")
             _, unscaled = _reference_attention(q, k, v, scale=1.0)
             if _close(w, unscaled):
                 fail("the fix lost the 1/sqrt(d_k): the scores must still be divided by "
@@ -204,22 +209,32 @@ def shuffle_experiment() -> dict:
             "shuffled": float((out_s - out[SHUFFLE_ORDER]).abs().max())}
 
 
-@value_check(5, grade="shuffle")
-def shuffle_prediction(cases: list, outcomes: list) -> str:
-    (_, got), = each(cases, outcomes)
-    choice = read_choice(got, "prediction", SHUFFLE_CHOICES)
+def _read_shuffle(got) -> str:
+    return read_choice(got, "prediction", SHUFFLE_CHOICES)
+
+
+@commit_check(5, read=_read_shuffle, grade="shuffle")
+def shuffle_prediction(choice: str) -> str:
     run = shuffle_experiment()
-    truth = "same" if run["same"] < 1e-9 else "shuffled" if run["shuffled"] < 1e-9 else "different"
-    if choice != truth:
-        by = "less than 1e-9" if run["shuffled"] < 1e-9 else f"{run['shuffled']:.1e}"
-        fail(f"you predicted {choice!r}, but the run says {truth!r}: the shuffled tokens' outputs "
-             f"differ from the original outputs by up to {run['same']:.3f}, and from the original "
-             f"outputs shuffled the same way by {by}. Self-attention without "
-             "positions has no idea of order: each token's output depends on its own vector and "
-             "on the SET of all tokens, so shuffling the tokens shuffles the outputs and nothing "
-             "else.")
-    return ("prediction: shuffling the tokens only shuffles the outputs (self-attention is "
-            "permutation-equivariant; order has to come from elsewhere, chapter 07).")
+    by = "less than 1e-9" if run["shuffled"] < 1e-9 else f"{run['shuffled']:.1e}"
+    return (f"prediction committed ({choice!r}). The run: the shuffled tokens' outputs differ "
+            f"from the original outputs by up to {run['same']:.3f}, and from the original "
+            f"outputs shuffled the same way by {by}.")
+
+
+shuffle_why = choice_check(
+    5, grade="shuffle_why", name="shuffle_why", module=__name__,
+    choices={
+        "a": "the outputs are not unchanged: token i's output is built from token i's own "
+             "query, so when token i moves to another place its output moves with it.",
+        "b": "a softmax over the keys is a sum over them, and a sum does not care about the "
+             "order of its terms: no token's output changes, only where it sits.",
+        "c": None,
+    },
+    right="why: each token's output depends on its own query and on the SET of keys and "
+          "values; shuffling the tokens reorders that set but does not change it, so the "
+          "outputs are shuffled the same way and nothing else (order must come from elsewhere: "
+          "chapter 07).")
 
 
 # ---------------------------------------------------------------- exercise 6 (experiment)
@@ -245,12 +260,15 @@ def dilution_experiment(cases: list, outcomes: list) -> str:
             fail(f"largest_weight[{n}] = {measured[n]:.4g} cannot be a softmax weight (weights "
                  "lie in (0, 1]).")
         if abs(measured[n] - want[n]) > _DILUTION_RTOL * want[n]:
-            unscaled = " Did you divide the scores by sqrt(d_k) = 4?" if measured[n] > want[n] \
-                else " Did you take the LARGEST weight of each query's row, then the mean?"
-            fail(f"largest_weight[{n}] = {measured[n]:.4f}, but a run of the experiment gives "
-                 f"about {want[n]:.4f} (within {_DILUTION_RTOL:.0%}).{unscaled}")
-    return ("largest_weight: the best key's share falls from about "
-            f"{want[DILUTION_NS[0]]:.2f} ({DILUTION_NS[0]} keys) to {want[DILUTION_NS[-1]]:.3f} "
-            f"({DILUTION_NS[-1]} keys): with random queries and keys, attention dilutes as the "
-            "context grows.")
+            if measured[n] > want[n]:
+                fail(f"largest_weight[{n}] = {measured[n]:.4f} is too LARGE for {n} keys (by "
+                     f"more than the sampling noise of 500 queries): did you divide the scores "
+                     "by sqrt(d_k) = 4?")
+            fail(f"largest_weight[{n}] = {measured[n]:.4f} is too SMALL for {n} keys (by more "
+                 "than the sampling noise of 500 queries): did you take the LARGEST weight of "
+                 "each query's row, then the mean over the queries?")
+    return ("largest_weight: the best key's share falls from "
+            f"{measured[DILUTION_NS[0]]:.2f} ({DILUTION_NS[0]} keys) to "
+            f"{measured[DILUTION_NS[-1]]:.3f} ({DILUTION_NS[-1]} keys): with random queries and "
+            "keys, attention dilutes as the context grows.")
 

@@ -1,6 +1,7 @@
-"""Checkers for exercises/03_scaling.ipynb: the score variance (a formula, then a measurement),
-softmax entropy and a prediction of it at large d_k, and the softmax Jacobian (the thing that
-carries gradients back through the weights)."""
+"""Checkers for exercises/03_scaling.ipynb: the score variance for entries of any spread (a
+formula, then a `measure(seed)` the grader calls on hidden seeds), softmax entropy, a committed
+prediction of it over 64 keys (and its explanation), and the softmax Jacobian with a
+temperature (the thing that carries gradients back through the weights)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import torch
 from course_lib.attention import softmax as _softmax
 from course_lib.checks._cases import generator
 from course_lib.checks._core import expect_close, expect_shape, fail, matches, to_tensor
-from course_lib.checks._protocol import each, function_check, hint, value_check
+from course_lib.checks._predict import choice_check, commit_check, seeds_cases
+from course_lib.checks._protocol import each, function_check, hint
 from course_lib.checks._values import read_numbers
 
 __all__ = ["predicted_variance", "measured_variance", "entropy", "entropy_prediction",
-           "softmax_jacobian", "hint"]
+           "entropy_why", "softmax_jacobian", "hint"]
 
 SOLUTION = "solutions/03_scaling.ipynb"
 
@@ -33,59 +35,82 @@ def _number(got, what: str) -> float:
 # ---------------------------------------------------------------- exercise 1
 
 def _predict_cases(seed: int, hidden: bool) -> list:
-    dims = [1, 4, 64, 1000] + ([9, 2, 4096] if hidden else [])
-    return [{"d_k": d_k, "scaled": scaled} for d_k in dims for scaled in (False, True)]
+    conditions = [(1, 1.0, 1.0), (4, 2.0, 1.0), (64, 0.5, 3.0), (1000, 1.0, 0.1)]
+    conditions += [(9, 1.5, 1.5), (2, 3.0, 0.2), (4096, 1.0, 1.0)] if hidden else []
+    return [{"d_k": d_k, "sigma_q": sq, "sigma_k": sk, "scaled": scaled}
+            for d_k, sq, sk in conditions for scaled in (False, True)]
 
 
-@function_check(1, args=("d_k", "scaled"), grade="predict", cases=_predict_cases)
+def _variance(d_k: int, sigma_q: float, sigma_k: float, scaled: bool) -> float:
+    return sigma_q ** 2 * sigma_k ** 2 * (1.0 if scaled else float(d_k))
+
+
+@function_check(1, args=("d_k", "sigma_q", "sigma_k", "scaled"), grade="predict",
+                cases=_predict_cases)
 def predicted_variance(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        d_k, scaled = case["d_k"], case["scaled"]
-        x = _number(got, f"predicted_variance({d_k}, scaled={scaled})")
-        want = 1.0 if scaled else float(d_k)
+        d_k, sq, sk, scaled = case["d_k"], case["sigma_q"], case["sigma_k"], case["scaled"]
+        what = f"predicted_variance({d_k}, sigma_q={sq:g}, sigma_k={sk:g}, scaled={scaled})"
+        x = _number(got, what)
+        want = _variance(d_k, sq, sk, scaled)
         if abs(x - want) <= 1e-9 * max(1.0, want):
             continue
-        if d_k > 1 and abs(x - math.sqrt(d_k)) < 1e-9 * d_k:
-            fail(f"predicted_variance({d_k}, scaled={scaled}) = {x:.4g} = sqrt(d_k): that is the "
-                 "standard deviation. The variance of a sum of d_k independent unit-variance "
-                 "terms is d_k.")
-        if scaled and abs(x - d_k) < 1e-9 * d_k:
+        unit = 1.0 if scaled else float(d_k)
+        if abs(x - math.sqrt(want)) < 1e-9 * max(1.0, want) and \
+                abs(math.sqrt(want) - unit) > 1e-9 and want != 1:
+            fail(f"{what} = {x:.4g} is the standard deviation; the variance is its square.")
+        if sq * sk != 1 and abs(x - unit) < 1e-9 * unit:
+            fail(f"{what} = {x:.4g}: that is the unit-variance answer. Each product q_m k_m now "
+                 "has variance sigma_q² sigma_k², not 1.")
+        if sq * sk != 1 and abs(x - unit * sq * sk) < 1e-9 * max(1.0, x):
+            fail(f"{what} = {x:.4g} multiplies by sigma_q sigma_k: variances scale with the "
+                 "SQUARE of a factor (sigma_q² sigma_k²).")
+        if scaled and abs(x - _variance(d_k, sq, sk, False)) < 1e-9 * d_k:
             fail(f"with scaled=True you still predict {x:.4g}: dividing by sqrt(d_k) divides the "
                  "variance by (sqrt(d_k))² = d_k.")
-        fail(f"predicted_variance({d_k}, scaled={scaled}) = {x:.4g}, expected {want:.4g}. Each "
-             "term q_m·k_m has mean 0 and variance 1, and variances of independent terms add.")
-    return "predicted_variance: d_k without scaling, 1 with it."
+        fail(f"{what} = {x:.4g} is not the variance. Each term q_m·k_m has mean 0 and "
+             "variance sigma_q² sigma_k², and variances of independent terms add.")
+    return ("predicted_variance: d_k sigma_q² sigma_k² without scaling, sigma_q² sigma_k² with "
+            "it.")
 
 
 # ---------------------------------------------------------------- exercise 2 (experiment)
 
-MEASURE_WIDTHS = (16, 256)
-_MEASURE_RTOL = 0.15   # 300 x 300 scores: an honest estimate is within ~4% of d_k
+MEASURE_D_K, MEASURE_SIGMA_Q, MEASURE_SIGMA_K = 64, 2.0, 1.5
+_MEASURE_RTOL = 0.15   # 300 x 300 scores: an honest estimate is within ~5% of the truth
 
 
-@value_check(2, grade="measured")
+def _measure_reference() -> float:
+    return _variance(MEASURE_D_K, MEASURE_SIGMA_Q, MEASURE_SIGMA_K, False)
+
+
+@function_check(2, args=("seed",), grade="measured", cases=seeds_cases(2))
 def measured_variance(cases: list, outcomes: list) -> str:
-    (_, got), = each(cases, outcomes)
-    measured = read_numbers(got, "measured_variance", MEASURE_WIDTHS)
-    for d_k in MEASURE_WIDTHS:
-        x, what = measured[d_k], f"measured_variance[{d_k}]"
-        if x == d_k:
-            fail(f"{what} is exactly {d_k}: that is the formula from exercise 1, not a "
-                 "measurement (a variance estimated from random samples is never exactly d_k). "
-                 "Draw the queries and keys and measure.")
-        if abs(x - d_k) <= _MEASURE_RTOL * d_k:
+    want, values = _measure_reference(), []
+    for case, got in each(cases, outcomes):
+        what = f"measure({case['seed']})"
+        x = _number(got, what)
+        values.append(x)
+        if x == want:
+            fail(f"{what} is exactly the formula's value: a variance estimated from random "
+                 "samples is never exact. Draw the queries and keys with the seed and measure.")
+        if abs(x - want) <= _MEASURE_RTOL * want:
             continue
-        if abs(x - math.sqrt(d_k)) <= _MEASURE_RTOL * math.sqrt(d_k):
-            fail(f"{what} = {x:.4g}, close to sqrt(d_k) = {math.sqrt(d_k):.4g}: you measured the "
-                 "standard deviation of the scores. Report their variance.")
-        if abs(x - 1) <= _MEASURE_RTOL:
-            fail(f"{what} = {x:.4g}, close to 1: these are the scaled scores. Measure the raw "
-                 "q·k, without dividing by sqrt(d_k).")
-        fail(f"{what} = {x:.4g}, but a correct run gives about {d_k} (within "
-             f"{_MEASURE_RTOL:.0%}): the variance of all the entries of Q Kᵀ for 300 random "
-             f"queries and 300 random keys of width {d_k}.")
-    return ("measured_variance: the raw scores' variance grows like d_k "
-            f"({measured[16]:.1f} at 16, {measured[256]:.0f} at 256), as predicted.")
+        if abs(x - math.sqrt(want)) <= _MEASURE_RTOL * math.sqrt(want):
+            fail(f"{what} = {x:.4g} is far too small: it looks like a standard deviation. "
+                 "Report the variance of the scores.")
+        if abs(x - MEASURE_D_K) <= _MEASURE_RTOL * MEASURE_D_K:
+            fail(f"{what} = {x:.4g} is too small: did you draw unit-variance entries? Queries "
+                 f"have standard deviation {MEASURE_SIGMA_Q:g}, keys {MEASURE_SIGMA_K:g}.")
+        side = "too large" if x > want else "too small"
+        fail(f"{what} = {x:.4g} is {side} (by more than the sampling noise of 300 x 300 "
+             "scores): the variance of all the RAW scores q·k (no 1/sqrt(d_k)) for queries of "
+             f"standard deviation {MEASURE_SIGMA_Q:g} and keys of {MEASURE_SIGMA_K:g}.")
+    if len(set(values)) < len(values):
+        fail("measure returns the same number for different seeds: it does not draw its "
+             "samples from the seed it is given.")
+    return (f"measured_variance: your measurements ({', '.join(f'{v:.0f}' for v in values)}) "
+            "agree with d_k sigma_q² sigma_k², seed after seed.")
 
 
 # ---------------------------------------------------------------- exercise 3
@@ -124,50 +149,62 @@ def entropy(cases: list, outcomes: list) -> str:
     return "entropy: -Σ w log w per row, 0 for a one-hot row, log n for a uniform one."
 
 
-# ---------------------------------------------------------------- exercise 4
+# ---------------------------------------------------------------- exercise 5
 
 def _jacobian_cases(seed: int, hidden: bool) -> list:
     g = generator(4, seed)
-    cases = [torch.randn(5, generator=g, dtype=torch.float64),
-             torch.randn(3, generator=g, dtype=torch.float64) * 4,
-             torch.tensor([30.0, 0.0, -2.0, 1.0], dtype=torch.float64)]
+    cases = [(torch.randn(5, generator=g, dtype=torch.float64), 1.0),
+             (torch.randn(3, generator=g, dtype=torch.float64) * 4, 0.5),
+             (torch.tensor([30.0, 0.0, -2.0, 1.0], dtype=torch.float64), 10.0)]
     if hidden:
-        cases += [torch.tensor([100.0, 0.0, 0.0], dtype=torch.float64),
-                  torch.tensor([0.7], dtype=torch.float64)]
-    return cases
+        cases += [(torch.tensor([100.0, 0.0, 0.0], dtype=torch.float64), 2.0),
+                  (torch.tensor([0.7], dtype=torch.float64), 0.3)]
+    return [{"scores": s, "temperature": t} for s, t in cases]
 
 
-@function_check(5, grade="jacobian", cases=_jacobian_cases,
+def _jacobian(scores: torch.Tensor, temperature: float) -> torch.Tensor:
+    p = _softmax(scores / temperature)
+    return (torch.diag(p) - torch.outer(p, p)) / temperature
+
+
+@function_check(5, args=("scores", "temperature"), grade="jacobian", cases=_jacobian_cases,
                 forbid=((torch.autograd.functional, "jacobian"),))
 def softmax_jacobian(cases: list, outcomes: list) -> str:
-    for scores, got in each(cases, outcomes):
-        p = _softmax(scores)
-        want = torch.diag(p) - torch.outer(p, p)
+    for case, got in each(cases, outcomes):
+        scores, t = case["scores"], case["temperature"]
+        want = _jacobian(scores, t)
         n = scores.numel()
-        t = to_tensor(got, "softmax_jacobian(scores)", dtype=torch.float64)
-        expect_shape(t, (n, n), "softmax_jacobian(scores)",
+        what = f"softmax_jacobian(scores, temperature={t:g})"
+        got_t = to_tensor(got, what, dtype=torch.float64)
+        expect_shape(got_t, (n, n), what,
                      "The Jacobian has one row per output weight and one column per score.")
-        if not matches(want, torch.zeros_like(want)):
-            if matches(t, -torch.outer(p, p)):
-                fail("you have only the -p_i p_j part: the diagonal also gets +p_i "
-                     "(∂p_i/∂s_i = p_i - p_i²).")
-            if matches(t, torch.diag(p)):
-                fail("you have only the diagonal: every weight also depends on every other score "
-                     "through the normalising sum, giving -p_i p_j off the diagonal.")
-        expect_close(t, want, "softmax_jacobian(scores)", atol=1e-9, rtol=1e-7,
-                     hint="∂p_i/∂s_j = p_i (δ_ij - p_j).")
-    return "softmax_jacobian: diag(p) - p pᵀ, which shrinks to 0 as p becomes one-hot."
+        if not matches(want, torch.zeros_like(want)) and t != 1:
+            p = _softmax(scores / t)
+            if matches(got_t, want * t):
+                fail(f"{what}: you forgot the chain rule's factor 1/T: the weights depend on "
+                     "s / T, so every entry gets divided by the temperature.")
+            if matches(got_t, want * t * t):
+                fail(f"{what}: you multiplied by the temperature; d(s/T)/ds = 1/T divides.")
+            p1 = _softmax(scores)
+            if matches(got_t, (torch.diag(p1) - torch.outer(p1, p1)) / t):
+                fail(f"{what}: your weights ignore the temperature: p = softmax(s / T).")
+        p = _softmax(scores / t)
+        if n > 1 and matches(got_t, -torch.outer(p, p) / t):
+            fail("you have only the -p_i p_j part: the diagonal also gets +p_i.")
+        expect_close(got_t, want, what, atol=1e-9, rtol=1e-7,
+                     hint="∂p_i/∂s_j = p_i (δ_ij - p_j) / T with p = softmax(s / T).")
+    return ("softmax_jacobian: (diag(p) - p pᵀ) / T: a cold softmax has large but rare "
+            "gradients, a hot one small and spread.")
 
 
 # ---------------------------------------------------------------- exercise 4 (predict)
 
-ENTROPY_D_K, ENTROPY_KEYS = 256, 6
-_ENTROPY_TOL = 0.35    # nats
+ENTROPY_D_K, ENTROPY_KEYS = 64, 64
 
 
 def entropy_experiment(n_queries: int = 2000, seed: int = 4) -> dict:
     """The run of exercise 4: mean entropy (nats) of softmax(q·k) and of softmax(q·k / sqrt(d_k))
-    over 6 random keys at d_k = 256, for random unit-variance queries and keys."""
+    over 64 random keys at d_k = 64, for random unit-variance queries and keys."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(n_queries, 1, ENTROPY_D_K, generator=g, dtype=torch.float64)
     k = torch.randn(n_queries, ENTROPY_KEYS, ENTROPY_D_K, generator=g, dtype=torch.float64)
@@ -179,31 +216,39 @@ def entropy_experiment(n_queries: int = 2000, seed: int = 4) -> dict:
     return out
 
 
-@value_check(4)
-def entropy_prediction(cases: list, outcomes: list) -> str:
-    (_, got), = each(cases, outcomes)
+def _read_entropy(got) -> dict:
+    top = math.log(ENTROPY_KEYS)
     predicted = read_numbers(got, "predicted_entropy", ("unscaled", "scaled"))
-    run, top = entropy_experiment(), math.log(ENTROPY_KEYS)
     for name, value in predicted.items():
         if not -1e-9 <= value <= top + 1e-9:
             fail(f"predicted_entropy[{name!r}] = {value:.3g} is impossible: the entropy of "
                  f"weights over {ENTROPY_KEYS} keys lies between 0 (one-hot) and "
                  f"log {ENTROPY_KEYS} = {top:.3f} (uniform).")
-    gaps = []
-    if abs(predicted["unscaled"] - run["unscaled"]) > _ENTROPY_TOL:
-        gaps.append(f"unscaled, the run gives {run['unscaled']:.3f} nats and you predicted "
-                    f"{predicted['unscaled']:.3f}: raw scores at d_k = {ENTROPY_D_K} have a "
-                    f"standard deviation of sqrt({ENTROPY_D_K}) = {math.sqrt(ENTROPY_D_K):.0f}, "
-                    "so the best key beats the next by several units and the softmax is "
-                    "nearly one-hot (entropy near 0)")
-    if abs(predicted["scaled"] - run["scaled"]) > _ENTROPY_TOL:
-        gaps.append(f"scaled, the run gives {run['scaled']:.3f} nats and you predicted "
-                    f"{predicted['scaled']:.3f}: divided by sqrt(d_k) the scores have standard "
-                    "deviation 1 at any width, so the weights stay spread (below but not far "
-                    f"from the uniform log {ENTROPY_KEYS} = {top:.3f})")
-    if gaps:
-        fail("your prediction is off: " + "; ".join(gaps) + ".")
-    return (f"predicted_entropy: unscaled {run['unscaled']:.2f} nats (nearly one-hot), scaled "
-            f"{run['scaled']:.2f} nats (spread), against log {ENTROPY_KEYS} = {top:.2f} for "
+    return predicted
+
+
+@commit_check(4, read=_read_entropy)
+def entropy_prediction(predicted: dict) -> str:
+    run, top = entropy_experiment(), math.log(ENTROPY_KEYS)
+    return (f"prediction committed. The run: unscaled {run['unscaled']:.2f} nats (you "
+            f"predicted {predicted['unscaled']:.2f}), scaled {run['scaled']:.2f} nats (you "
+            f"predicted {predicted['scaled']:.2f}), against log {ENTROPY_KEYS} = {top:.2f} for "
             "uniform weights.")
+
+
+entropy_why = choice_check(
+    4, grade="entropy_why", name="entropy_why", module=__name__,
+    choices={
+        "a": "scaled does not mean uniform: divided by sqrt(d_k) the scores still have "
+             "standard deviation 1, so some keys beat others and the entropy stays below "
+             "log 64; only scores that are all equal give uniform weights.",
+        "b": "the entropy does not depend on the width alone: with 64 keys the unscaled "
+             "scores (standard deviation 8) let one key win most of the weight, so the "
+             "unscaled entropy sits far below the scaled one, not near it.",
+        "c": None,
+    },
+    right="why: unscaled, the scores' spread is sqrt(64) = 8, so the best of 64 keys beats the "
+          "next by several units and takes most of the weight; scaled, the spread is 1 at any "
+          "width, so the weights stay spread, a little below log 64.")
+
 
