@@ -8,6 +8,7 @@ from checker_cases import generic_wrong_answers
 from course_lib import recurrent
 from course_lib.checks import CheckFailure
 from course_lib.checks import ch06 as check
+from course_lib.checks._predict import forget
 
 
 def step_ok(x_t, h, W_xh, W_hh, b):
@@ -145,28 +146,50 @@ def test_the_planted_loop_bug_left_unfixed_is_named():
 
 
 def test_memory_ratio_prediction_and_far_gradient_measurement(capsys):
-    check.predicted_ratio(200_000)
+    assert check.book_ratio() == 2048
+    forget()
+    check.predicted_ratio(200_000)  # the lecture's answer: committed, and the gap is shown
+    out = capsys.readouterr().out
+    assert "Recorded" in out and "97.7 times too high" in out
+    check.predicted_ratio(2048)     # a later edit changes nothing: the first commit counts
+    assert "you predicted 200,000x" in capsys.readouterr().out
+    forget()
+    check.predicted_ratio(2048)
+    check.ratio_why("b")
+    check.far_prediction("none")
     far = check.measured_far()
-    assert 0 < far < 1e-6
+    assert 0.1 < far < 10 and check.measured_far(1.0) < 1e-6  # no longer fading
     check.rnn_far(far * 1.01)
     check.rnn_far(torch.tensor(far))
-    assert capsys.readouterr().out.count("✔") == 3
+    assert capsys.readouterr().out.count("✔") == 5
+    forget()
 
 
 @pytest.mark.parametrize("checker, got, words", [
-    (check.predicted_ratio, 100_000, "keys or the values"),
-    (check.predicted_ratio, 200_000 * 4096, "cancel"),
-    (check.predicted_ratio, 5, "you predicted 5x"),
+    (check.ratio_why, "a", "FULL attention's ratio"),
+    (check.ratio_why, "c", "cancel"),
+    (check.ratio_why, "z", "should be one of"),
+    (check.far_prediction, "maybe", "should be one of"),
+    (check.far_prediction, None, "None"),
     (check.predicted_ratio, None, "None"),
     (check.predicted_ratio, "2n", "should be a number"),
-    (check.rnn_far, 1.0, "how attention behaves"),
-    (check.rnn_far, 1e-3, "the check measures"),
+    (check.rnn_far, 3.4e-12, "the RNN as the cell built it"),
+    (check.rnn_far, 1e-3, "smaller than the check's measurement"),
+    (check.rnn_far, 5.0, "larger than the check's measurement"),
     (check.rnn_far, float("nan"), "finite"),
     (check.rnn_far, None, "None"),
 ])
 def test_ch06_wrong_values_are_explained(checker, got, words):
-    with pytest.raises(CheckFailure, match=words):
+    forget()
+    with pytest.raises(CheckFailure, match=words) as info:
         checker(got)
+    if checker is check.rnn_far:  # direction only, never the measured value
+        assert f"{check.measured_far():.2g}" not in str(info.value)
+
+
+def test_scaling_the_input_weights_instead_is_named():
+    with pytest.raises(CheckFailure, match="you scaled W_xh"):
+        check.rnn_far(check.measured_far(3.0, "W_xh"))
 
 
 def test_an_upside_down_far_ratio_is_named():

@@ -9,6 +9,7 @@ from checker_cases import generic_wrong_answers
 from course_lib import position
 from course_lib.checks import CheckFailure
 from course_lib.checks import ch07 as check
+from course_lib.checks._predict import forget
 
 
 def rope_ok(x, positions):
@@ -150,29 +151,36 @@ def test_the_planted_rope_bug_left_unfixed_is_named():
 
 
 def test_order_prediction_and_measurement(capsys):
-    causal, unmasked = check.order_gaps()
-    assert causal > 0.1 and unmasked < 1e-5
-    check.causal_is_blind(False)
-    check.causal_gap(causal)
-    check.causal_gap(torch.tensor(causal))
+    gaps = check.order_gaps()
+    assert gaps["within"] < 1e-5 and gaps["across"] > 0.1
+    forget()
+    check.padded_is_blind(False)  # the causal lesson over-applied: committed, then shown
+    assert "Recorded" in capsys.readouterr().out
+    check.padded_is_blind(True)   # the first commit counts
+    assert "prediction committed (not blind)" in capsys.readouterr().out
+    check.blind_why("b")
+    check.padding_gaps(gaps["within"], gaps["across"])
+    check.padding_gaps(torch.tensor(0.0), torch.tensor(gaps["across"]))
     assert capsys.readouterr().out.count("✔") == 3
+    forget()
 
 
 @pytest.mark.parametrize("checker, got, words", [
-    (check.causal_is_blind, True, "NOT blind"),
-    (check.causal_is_blind, None, "None"),
-    (check.causal_is_blind, "no", "True or False"),
-    (check.causal_is_blind, 0, "you predicted not blind"),
-    (check.causal_gap, 0.0, "WITHOUT the mask"),
-    (check.causal_gap, 1.2e-7, "WITHOUT the mask"),
-    (check.causal_gap, 0.3, "the check measures"),
-    (check.causal_gap, None, "None"),
-    (check.causal_gap, float("inf"), "finite"),
-    (check.causal_gap, [0.6], "should be a number"),
+    (check.blind_why, "a", "depends on where the query"),
+    (check.blind_why, "c", "causal mask made it notice"),
+    (check.padded_is_blind, None, "None"),
+    (check.padded_is_blind, "no", "True or False"),
+    (check.padding_gaps, (0.3, 1.0), "gap_within = 3.00e-01"),
+    (check.padding_gaps, (0.0, 0.0), "changes nothing"),
+    (check.padding_gaps, (0.0, 0.6), "gap_across is smaller than the check's run"),
+    (check.padding_gaps, (0.0, 2.0), "gap_across is larger than the check's run"),
+    (check.padding_gaps, (0.0, None), "None"),
+    (check.padding_gaps, (0.0, float("inf")), "finite"),
+    (check.padding_gaps, 0.6, "two numbers"),
 ])
 def test_order_wrong_values_are_explained(checker, got, words):
-    if words.startswith("you predicted"):
-        checker(got)  # 0 reads as False: a right prediction
-        return
-    with pytest.raises(CheckFailure, match=words):
-        checker(got)
+    args = got if isinstance(got, tuple) else (got,)
+    forget()
+    with pytest.raises(CheckFailure, match=words) as info:
+        checker(*args)
+    assert f"{check.order_gaps()['across']:.2f}" not in str(info.value)  # never the measurement

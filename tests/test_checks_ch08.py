@@ -11,6 +11,7 @@ from checker_cases import generic_wrong_answers
 
 from course_lib.checks import CheckFailure
 from course_lib.checks import ch08 as check
+from course_lib.checks._predict import forget
 
 
 def update_ok(m, l, scores):
@@ -187,26 +188,37 @@ def test_wrong_flash_backward(wrong, words):
 
 def test_causal_fraction_prediction_and_measurement(capsys):
     assert check.measured_fraction() == 36 / 64
-    check.causal_fraction(0.56)
-    check.measured_causal_fraction(torch.tensor(0.5625))
+    assert check.measured_fraction(64) == 136 / 256
+    forget()
+    check.causal_fraction(0.5)  # the grid's half: committed, then the count is shown
+    assert "Recorded" in capsys.readouterr().out
+    check.causal_fraction(0.56)  # the first commit counts
+    assert "you predicted 0.500" in capsys.readouterr().out
+    check.fraction_why("b")
+    check.measured_causal_fraction(torch.tensor(136 / 256))
     assert capsys.readouterr().out.count("✔") == 2
+    forget()
 
 
 @pytest.mark.parametrize("checker, got, words", [
-    (check.causal_fraction, 0.5, "ENTIRELY in the future"),
-    (check.causal_fraction, 0.9, "you predicted 0.900"),
+    (check.fraction_why, "a", "skips whole tiles"),
+    (check.fraction_why, "c", "never computed"),
     (check.causal_fraction, 1.5, "outside"),
     (check.causal_fraction, None, "None"),
     (check.causal_fraction, "half", "should be a fraction"),
     (check.measured_causal_fraction, 1.0, "both runs were non-causal"),
     (check.measured_causal_fraction, 0.5, "formula"),
-    (check.measured_causal_fraction, 64 / 36, "upside down"),
-    (check.measured_causal_fraction, 0.7, "exactly those sizes"),
+    (check.measured_causal_fraction, 36 / 64, "the count at block_size = 128"),
+    (check.measured_causal_fraction, 256 / 136, "upside down"),
+    (check.measured_causal_fraction, 0.7, "larger than the check's count"),
+    (check.measured_causal_fraction, 0.51, "smaller than the check's count"),
     (check.measured_causal_fraction, float("nan"), "finite"),
 ])
 def test_causal_fraction_wrong_values_are_explained(checker, got, words):
-    with pytest.raises(CheckFailure, match=words):
+    forget()
+    with pytest.raises(CheckFailure, match=words) as info:
         checker(got)
+    assert "0.531" not in str(info.value)  # the experiment's count is never printed
 
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="no Triton")

@@ -11,6 +11,7 @@ from checker_cases import assert_feedback, generic_wrong_answers
 from course_lib.attention import grouped_query_attention as course_gqa
 from course_lib.checks import CheckFailure
 from course_lib.checks import ch09 as check
+from course_lib.checks._predict import forget
 from course_lib.linear_attention import feature_map, linear_attention_recurrent
 from course_tools.exercises import hints as notebook_hints
 
@@ -106,41 +107,60 @@ def test_the_lecture_buggy_recurrence_is_caught():
     assert_feedback(check.linear_recurrence, namespace["buggy_recurrence"], "NaN")
 
 
-@pytest.mark.parametrize("prediction", [6144, 6144.0, 6000, 6500])
-def test_good_predictions_pass(prediction, capsys):
+@pytest.mark.parametrize("prediction, words", [
+    (6144, "within 10%"), (6000.0, "within 10%"), (4096, "1.5 times too low"),
+    (1e6, "too high"),
+])
+def test_any_prediction_is_committed_then_the_count_shown(prediction, words, capsys):
+    forget()
     check.predicted_crossover(prediction)
-    assert "6144" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Recorded" in out and "n = 6144 tokens" in out and words in out
+    forget()
 
 
 @pytest.mark.parametrize("prediction, words", [
-    (4096, "MLP's 16nd² alone"), (2048, "counts only part"), (1024, "counts only part"),
-    (100, "too low"), (1e6, "too high"), (None, "None"), ("6144", "positive number"),
-    (-5, "positive number"), (math.nan, "positive number"), (True, "positive number"),
+    (None, "None"), ("6144", "positive number"), (-5, "positive number"),
+    (math.nan, "positive number"), (True, "positive number"),
 ])
-def test_bad_predictions_are_explained(prediction, words):
+def test_malformed_predictions_are_not_committed(prediction, words):
+    forget()
     assert_feedback(check.predicted_crossover, prediction, words)
 
 
-@pytest.mark.parametrize("reach, beyond", [(4, 0.12), (3, 0.2), (4.0, 0.1)])
-def test_measured_reach_passes(reach, beyond, capsys):
-    check.window_reach(reach, beyond)
+@pytest.mark.parametrize("letter, words", [("a", "add 8nd²"), ("c", "scales with the width")])
+def test_wrong_explanations_name_their_misconception(letter, words):
+    forget()
+    assert_feedback(check.crossover_why, letter, words)
+    forget()
+
+
+def test_measured_reach_passes_and_theory_does_not(capsys):
+    curve = check.measured_curve()
+    check.window_reach(4, dict(curve))
     assert capsys.readouterr().out.startswith("✔ window_reach")
+    theory = {k: 1.0 if k < 5 else 1 / 8 for k in curve}
+    assert_feedback(lambda v: check.window_reach(*v), (4, theory), "the theory's curve")
+    shifted = {k: (a + 0.1 if k == 7 else a) for k, a in curve.items()}
+    assert_feedback(lambda v: check.window_reach(*v), (4, shifted), "at k = 7 your accuracy is "
+                    "higher than the check's run")
+    assert_feedback(lambda v: check.window_reach(*v), (5, dict(curve)),
+                    "does not follow from your own curve")
 
 
-@pytest.mark.parametrize("reach, beyond, words", [
-    (5, 0.12, "one of them is the question"), (10, 0.12, "cannot see further"),
-    (1, 0.12, "cannot see further"), (4, 0.9, "near chance"), (None, 0.1, "None"),
-    (4.5, 0.1, "whole number"), (4, 1.5, "between 0 and 1"), ("4", 0.1, "whole number"),
+@pytest.mark.parametrize("reach, acc, words", [
+    (None, {}, "None"), (4.5, {}, "whole number"), ("4", {}, "whole number"),
+    (4, 0.12, "should be the dict"), (4, {1: 1.0}, "every k from 1 to 24"),
 ])
-def test_wrong_reach_is_explained(reach, beyond, words):
-    assert_feedback(lambda value: check.window_reach(*value), (reach, beyond), words)
+def test_wrong_reach_is_explained(reach, acc, words):
+    assert_feedback(lambda value: check.window_reach(*value), (reach, acc), words)
 
 
 def test_hints_tier_one_names_the_idea_and_matches_the_notebook():
     source = nbformat.read("solutions/09_paying_less.ipynb", as_version=4)
     in_notebook = notebook_hints(source)
     for c in (check.grouped_query_attention, check.linear_recurrence, check.predicted_crossover,
-              check.window_reach):
+              check.crossover_why, check.window_reach):
         assert len(c.hints) >= 3 and "solutions/09" in c.hints[-1]
         assert c.hints[0] in in_notebook
         code_like = ("(", "=", "@", "torch", "repeat")
@@ -150,10 +170,10 @@ def test_hints_tier_one_names_the_idea_and_matches_the_notebook():
 def test_first_failure_appends_the_first_hint():
     from course_lib.checks import _protocol
 
-    _protocol._FAILED.discard(check.predicted_crossover.id)
+    _protocol._FAILED.discard(check.window_reach.id)
     with pytest.raises(CheckFailure) as info:
-        check.predicted_crossover(100)
-    assert check.predicted_crossover.hints[0] in str(info.value)
+        check.window_reach(4, None)
+    assert check.window_reach.hints[0] in str(info.value)
 
 
 @pytest.mark.parametrize("seed", [1, 7, 123])

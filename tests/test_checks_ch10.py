@@ -11,6 +11,7 @@ from checker_cases import assert_feedback, generic_wrong_answers
 
 from course_lib.checks import CheckFailure
 from course_lib.checks import ch10 as check
+from course_lib.checks._predict import forget
 from course_lib.models import TransformerBlock
 from course_lib.multihead import merge_heads, split_heads
 
@@ -28,15 +29,24 @@ def make_block(kind="right"):
             return F.linear(t, p[f"{name}.weight"], p[f"{name}.bias"])
 
         def attn(t):
-            q, k, v = (split_heads(lin(t, f"attn.{c}_proj"), num_heads) for c in "qkv")
+            b, n = t.shape[:2]
+            if kind == "no_transpose":  # heads cut by a reshape alone, merged back the same way
+                q, k, v = (lin(t, f"attn.{c}_proj").reshape(b, num_heads, n, -1) for c in "qkv")
+            else:
+                q, k, v = (split_heads(lin(t, f"attn.{c}_proj"), num_heads) for c in "qkv")
             width = d if kind == "scale_d_model" else d // num_heads
             scores = q @ k.transpose(-2, -1) / math.sqrt(width)
             if mask is not None and kind != "no_mask":
                 scores = scores.masked_fill(~mask, float("-inf"))
-            return lin(merge_heads(torch.softmax(scores, dim=-1) @ v), "attn.out_proj")
+            weights = torch.softmax(scores, dim=-2 if kind == "query_axis" else -1)
+            out = weights.nan_to_num(0.0) @ v
+            merged = out.reshape(b, n, d) if kind == "no_transpose" else merge_heads(out)
+            return lin(merged, "attn.out_proj")
 
         def mlp(t):
             act = torch.relu if kind == "relu" else F.gelu
+            if kind == "tanh_gelu":
+                return lin(F.gelu(lin(t, "mlp.0"), approximate="tanh"), "mlp.2")
             return lin(act(lin(t, "mlp.0")), "mlp.2")
 
         if kind == "post_ln":
@@ -99,6 +109,9 @@ REFERENCE_CALLS = [(check.transformer_block, by_reference)]
     ("relu", "ReLU"),
     ("scale_d_model", "√d_model"),
     ("no_mask", "mask is ignored"),
+    ("query_axis", "normalised over the QUERY axis"),
+    ("no_transpose", "mixes positions into heads"),
+    ("tanh_gelu", "tanh approximation of GELU"),
     ("one_sublayer", "differs from the expected values"),
 ])
 def test_block_mistakes_are_named(kind, words):
@@ -115,30 +128,41 @@ def test_ablation_mistakes_are_named(wrong, words):
     assert_feedback(check.ablate_head, wrong, words)
 
 
-def test_the_prediction_is_judged_against_the_shipped_one_layer_model(capsys):
-    check.one_layer_accuracy(0.1)
-    assert "the model scores 0.12" in capsys.readouterr().out
-    for wrong, words in [(0.9, "a key is made from its own token only"),
-                         (0.0, "it is not blind either"), (None, "None"),
-                         (1.5, "between 0 and 1"), ("high", "between 0 and 1")]:
+def test_the_prediction_is_committed_then_shown(capsys):
+    forget()
+    check.one_head_accuracy(1 / 32)  # chance: committed (a point), then the run is shown
+    out = capsys.readouterr().out
+    assert "Recorded" in out and "the model scores 0.83" in out
+    check.one_head_accuracy(0.85)   # the first commit counts
+    assert "you predicted 0.03" in capsys.readouterr().out
+    check.head_why("b")
+    for wrong, words in [("a", "not zeroing the circuit"), ("c", "do not cover for it")]:
         with pytest.raises(CheckFailure, match=re.escape(words)):
-            check.one_layer_accuracy(wrong)
+            forget()
+            check.head_why(wrong)
+    for wrong, words in [(None, "None"), (1.5, "between 0 and 1"), ("high", "between 0 and 1")]:
+        forget()
+        with pytest.raises(CheckFailure, match=re.escape(words)):
+            check.one_head_accuracy(wrong)
+    forget()
 
 
-def test_the_ablation_experiment_is_judged_against_a_measurement(capsys):
-    check.ablated_accuracy([3, 0], 0.122)
-    assert "from 1.00 to 0.12" in capsys.readouterr().out
-    for heads, accuracy, words in [([0], 0.122, "previous_heads = [0]"),
-                                   ([0, 3], 1.0, "with every head in place"),
-                                   ([0, 3], 0.5, "scores 0.122"),
-                                   (None, 0.1, "list of head numbers"),
-                                   ([0, 3], None, "None")]:
-        with pytest.raises(CheckFailure, match=re.escape(words)):
-            check.ablated_accuracy(heads, accuracy)
+def test_the_ablation_experiment_is_judged_without_printing_its_numbers(capsys):
+    _, layer1, layer0 = check._measured_single_heads()
+    check.single_head_ablations([round(a, 3) for a in layer1])
+    assert "head 1 matters most" in capsys.readouterr().out
+    shifted = [layer1[0], layer1[1] + 0.05, *layer1[2:]]
+    for got, words in [(layer0, "heads of layer 0"), ([1.0] * 4, "with all its heads"),
+                       (shifted, "head 1 too high"), ([0.5] * 3, "list of 4 accuracies"),
+                       (None, "None")]:
+        with pytest.raises(CheckFailure, match=re.escape(words)) as info:
+            check.single_head_ablations(got)
+        assert not any(f"{a:.2f}" in str(info.value) or f"{a:.3f}" in str(info.value)
+                       for a in layer1), info.value  # direction only, never the measurement
 
 
 def test_every_check_has_tiered_hints_without_code_in_the_first():
-    for c in (check.transformer_block, check.ablate_head, check.one_layer_accuracy,
-              check.ablated_accuracy):
+    for c in (check.transformer_block, check.ablate_head, check.one_head_accuracy,
+              check.head_why, check.single_head_ablations):
         assert len(c.hints) >= 3 and "solutions/10_the_transformer.ipynb" in c.hints[-1]
         assert not any(s in c.hints[0] for s in ("(", "=", "[", "torch", "F."))

@@ -13,11 +13,12 @@ import torch.nn as nn
 import course_lib.recurrent as recurrent
 from course_lib.checks._cases import generator, randn
 from course_lib.checks._core import call, expect_close, expect_pair, expect_shape, fail, to_tensor
+from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
-from course_lib.checks._values import read_number
+from course_lib.checks._values import read_choice, read_number
 
 __all__ = ["rnn_step", "run_rnn", "gradient_vs_distance", "memory_numbers", "predicted_ratio",
-           "rnn_far", "hint"]
+           "ratio_why", "far_prediction", "rnn_far", "hint"]
 
 SOLUTION = "solutions/06_attention_vs_recurrence.ipynb"
 
@@ -220,42 +221,74 @@ def memory_numbers(cases: list, outcomes: list) -> str:
 # ---------------------------------------------------------------- exercise 5 (predict)
 
 BOOK_TOKENS, BOOK_LAYERS, BOOK_WIDTH = 100_000, 32, 4096
+BOOK_HEADS, BOOK_KV_HEADS, BOOK_WINDOW = 32, 8, 4096
 
 
-@value_check(5)
-def predicted_ratio(cases: list, outcomes: list) -> str:
-    got = read_number(value(outcomes[0], "predicted_ratio"), "predicted_ratio", 0, 1e15,
-                      "a number (how many times more)")
-    memory = recurrent.state_memory(BOOK_TOKENS, BOOK_WIDTH, BOOK_LAYERS)
-    ratio = memory["attention_numbers"] / memory["rnn_numbers"]
-    gap = (f"you predicted {got:,.0f}x; attention keeps {memory['attention_numbers']:,} numbers, "
-           f"the RNN {memory['rnn_numbers']:,}: {ratio:,.0f}x")
-    why = ("per layer the RNN keeps one summary of d numbers, attention a key AND a value of d "
-           "numbers for every token, so the ratio is 2n whatever the width and the depth.")
-    if abs(got - ratio) <= 0.01 * ratio:
-        return f"predicted_ratio: {gap}. Right: {why}"
-    if abs(got - ratio / 2) <= 0.01 * ratio:
-        fail(f"{gap}. You counted the keys or the values, not both: {why}")
-    if abs(got - ratio * BOOK_LAYERS) <= 0.01 * ratio * BOOK_LAYERS or \
-            abs(got - ratio * BOOK_WIDTH) <= 0.01 * ratio * BOOK_WIDTH:
-        fail(f"{gap}. The width and the depth multiply both sides alike and cancel: {why}")
-    fail(f"{gap}: {why}")
+def book_ratio() -> float:
+    """Numbers kept by windowed grouped-query attention over those of the RNN, for the book."""
+    kept_tokens = min(BOOK_TOKENS, BOOK_WINDOW)
+    d_kv = BOOK_WIDTH * BOOK_KV_HEADS // BOOK_HEADS      # the width of the shared K/V heads
+    attention = 2 * kept_tokens * d_kv * BOOK_LAYERS
+    return attention / (BOOK_WIDTH * BOOK_LAYERS)
+
+
+def _read_ratio(got) -> float:
+    return read_number(got, "predicted_ratio", 0, 1e15, "a number (how many times more)")
+
+
+@commit_check(5, read=_read_ratio, grade="predicted_ratio")
+def predicted_ratio(got: float) -> str:
+    ratio = book_ratio()
+    close = "within 1% of it" if abs(got - ratio) <= 0.01 * ratio else \
+        f"{max(got / ratio, ratio / got):,.1f} times too {'high' if got > ratio else 'low'}"
+    return (f"prediction committed. The count: this attention keeps {ratio:,.0f} times the "
+            f"RNN's numbers; you predicted {got:,.0f}x, {close}.")
+
+
+ratio_why = choice_check(
+    5, grade="ratio_why", name="ratio_why", module=__name__,
+    choices={
+        "a": "2n is FULL attention's ratio: a window keeps the keys and values of the last W "
+             "tokens only, whatever the book's length, and the shared heads make each of them "
+             "narrower.",
+        "b": None,
+        "c": "the width and the depth multiply both sides alike (the RNN keeps d numbers per "
+             "layer too), so they cancel; what is left depends on the window and the sharing.",
+    },
+    right=f"why: per layer the RNN keeps d numbers; this attention a key and a value for the "
+          f"last W = {BOOK_WINDOW:,} tokens only, each d · {BOOK_KV_HEADS}/{BOOK_HEADS} wide: "
+          f"2 · W · {BOOK_KV_HEADS}/{BOOK_HEADS} = {book_ratio():,.0f}.")
 
 
 # ---------------------------------------------------------------- exercise 6 (experiment)
 
-FAR_SEED, FAR_N, FAR_D_IN, FAR_D_HIDDEN = 6, 32, 8, 16
+FAR_SEED, FAR_N, FAR_D_IN, FAR_D_HIDDEN, FAR_SCALE = 6, 32, 8, 16, 3.0
 
 
-def measured_far() -> float:
-    """g[0] / g[-1] for the exercise's seeded RNN: the first input's pull on the last output,
-    relative to the last input's."""
+def measured_far(scale: float = FAR_SCALE, part: str = "W_hh") -> float:
+    """g[0] / g[-1] for the exercise's seeded RNN with `part` multiplied by `scale`: the first
+    input's pull on the last output, relative to the last input's."""
     with torch.random.fork_rng():
         torch.manual_seed(FAR_SEED)
         rnn = recurrent.RunningSummaryRNN(FAR_D_IN, FAR_D_HIDDEN)
         x = torch.randn(1, FAR_N, FAR_D_IN)
+    with torch.no_grad():
+        getattr(rnn, part).mul_(scale)
     g = recurrent.gradient_vs_distance(lambda t: rnn(t)[0], x)
     return float(g[0] / g[-1])
+
+
+FAR_CHOICES = ("faster", "slower", "none")
+
+
+def _read_far_prediction(got) -> str:
+    return read_choice(got, "far_prediction", FAR_CHOICES)
+
+
+@commit_check(6, read=_read_far_prediction, grade="far_prediction", reveals=("ch06_rnn_far",))
+def far_prediction(got: str) -> str:
+    return (f"prediction committed ({got!r}). Now measure it: the check of your rnn_far says "
+            "whether you were right.")
 
 
 @value_check(6)
@@ -263,17 +296,27 @@ def rnn_far(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "rnn_far"), "rnn_far", 0, 1e30,
                       "a number (g[0] / g[-1])")
     want = measured_far()
-    if abs(got - want) <= 0.02 * want:
-        return (f"rnn_far: {got:.2e}. The first token's gradient reaches the last output "
-                f"{1 / want:.1e} times weaker than the last token's: across {FAR_N - 1} steps "
-                "every step multiplied it by a factor below 1.")
-    if want > 0 and abs(got - 1 / want) <= 0.02 / want:
+
+    def near(x, tol=0.02):
+        return abs(got - x) <= tol * abs(x)
+
+    if near(want):
+        return (f"rnn_far: {got:.2g}, no longer fading (your prediction was recorded above). "
+                f"With W_hh {FAR_SCALE:g} times larger, the first token's "
+                "pull on the last output no longer fades with distance: each step's factor is "
+                "now close to 1 (the tanh saturates what would otherwise explode). A gradient's "
+                "reach through a recurrence hangs on the size of that factor, a knife edge "
+                "between vanishing and exploding.")
+    if near(measured_far(1.0)):
+        fail(f"rnn_far = {got:.3g} is the RNN as the cell built it: multiply its W_hh by "
+             f"{FAR_SCALE:g} (inside torch.no_grad()) before measuring.")
+    if want > 0 and near(1 / want):
         fail(f"rnn_far = {got:.3g} is upside down: divide the gradient at the FIRST position, "
              "g[0], by the one at the last, g[-1].")
-    if 0.1 < got < 10:
-        fail(f"rnn_far = {got:.3g}, close to 1: that is how attention behaves, not this RNN "
-             f"(the check measures {want:.2e}). Measure the RNN the set-up cell built, "
-             "f = lambda t: rnn(t)[0].")
-    fail(f"rnn_far = {got:.3g}, but on the set-up cell's seeded RNN and x the check measures "
-         f"{want:.2e}. Use exactly those, and your gradient_vs_distance from exercise 3.")
-
+    if near(measured_far(FAR_SCALE, "W_xh")):
+        fail("you scaled W_xh, the weights that read the input; the recurrence is W_hh, the "
+             "weights that carry the summary from one step to the next.")
+    direction = "larger" if got > want else "smaller"
+    fail(f"rnn_far = {got:.3g} is {direction} than the check's measurement (by more than 2%) on "
+         f"the set-up cell's seeded RNN and x with W_hh times {FAR_SCALE:g}. Scale W_hh once, "
+         "then use your gradient_vs_distance from exercise 3 on f = lambda t: rnn(t)[0].")

@@ -1,6 +1,6 @@
-"""Checkers for exercises/07_order_and_memory.ipynb: is causal attention blind to order
-(predict, then measure), a RoPE that puts its rotated pairs back in the wrong place (debug), one
-cached decoding step and the KV cache's size in bytes (build)."""
+"""Checkers for exercises/07_order_and_memory.ipynb: is attention under a padding mask blind to
+order (predict, then measure), a RoPE that puts its rotated pairs back in the wrong place
+(debug), one cached decoding step and the KV cache's size in bytes (build)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import course_lib.position as position
 from course_lib.attention import scaled_dot_product_attention as _sdpa
 from course_lib.checks._cases import generator
 from course_lib.checks._core import call, expect_close, expect_shape, fail, matches, to_tensor
+from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_bool, read_number
 from course_lib.position import apply_rope as _rope
 
-__all__ = ["causal_is_blind", "causal_gap", "apply_rope", "cached_attention_step",
+__all__ = ["padded_is_blind", "blind_why", "padding_gaps", "apply_rope", "cached_attention_step",
            "kv_cache_bytes", "hint"]
 
 SOLUTION = "solutions/07_order_and_memory.ipynb"
@@ -28,22 +29,26 @@ _same = partial(matches, atol=1e-5, rtol=1e-4)
 
 # ---------------------------------------------------------------- exercises 1 and 2
 
-ORDER_SEED, ORDER_SHAPE, ORDER_PERM = 7, (1, 6, 8), (3, 0, 5, 1, 4, 2)
+ORDER_SEED, ORDER_SHAPE, PAD_LENGTH = 7, (1, 6, 8), 4
+WITHIN_PERM = (2, 0, 3, 1, 4, 5)   # shuffles the 4 real tokens; the 2 padded positions stay
+ACROSS_PERM = (3, 0, 5, 1, 4, 2)   # moves tokens between real and padded positions
 
 
-def order_gaps() -> tuple[float, float]:
-    """(causal, unmasked) max |attn(x[perm]) - attn(x)[perm]| on the exercise's seeded input,
-    self-attention with q = k = v = x and no positions."""
-    from course_lib.masks import causal_mask
+def order_gaps() -> dict[str, float]:
+    """max |attn(x[perm]) - attn(x)[perm]| on the exercise's seeded input, self-attention with
+    q = k = v = x, no positions and no causal mask, under a padding mask that hides the last
+    two positions: for the shuffle within the real tokens and across them."""
+    from course_lib.masks import padding_mask
 
     x = torch.randn(*ORDER_SHAPE, generator=torch.Generator().manual_seed(ORDER_SEED))
-    perm = torch.tensor(ORDER_PERM)
-    gaps = []
-    for mask in (causal_mask(ORDER_SHAPE[1]), None):
+    mask = padding_mask(torch.tensor([PAD_LENGTH]), ORDER_SHAPE[1])
+    gaps = {}
+    for name, perm in (("within", WITHIN_PERM), ("across", ACROSS_PERM)):
+        perm = torch.tensor(perm)
         out, _ = _sdpa(x, x, x, mask=mask)
         shuffled, _ = _sdpa(x[:, perm], x[:, perm], x[:, perm], mask=mask)
-        gaps.append(float((shuffled - out[:, perm]).abs().max()))
-    return gaps[0], gaps[1]
+        gaps[name] = float((shuffled - out[:, perm]).abs().max())
+    return gaps
 
 
 def _rounding(gap: float) -> str:
@@ -51,35 +56,63 @@ def _rounding(gap: float) -> str:
     return "below 1e-5, rounding only" if gap < 1e-5 else f"{gap:.1e}"
 
 
-@value_check(1, grade="causal_blind")
-def causal_is_blind(cases: list, outcomes: list) -> str:
-    got = read_bool(value(outcomes[0], "causal_is_blind"), "causal_is_blind")
-    causal, unmasked = order_gaps()
-    gap = (f"shuffling the 6 inputs moves the causal outputs by up to {causal:.4f} beyond a "
-           f"shuffle (without the mask: {_rounding(unmasked)})")
-    why = ("the mask itself depends on position: query i sees exactly the i + 1 earliest "
-           "tokens, so a token's output changes with where it stands, even with no position "
-           "vectors at all. Order leaks in through the mask.")
-    if got:
-        fail(f"you predicted blind; {gap}. Causal attention is NOT blind to order: {why}")
-    return f"causal_is_blind: you predicted not blind, and {gap}: {why}"
+def _read_blind(got) -> bool:
+    return read_bool(got, "padded_is_blind")
 
 
-@value_check(2)
-def causal_gap(cases: list, outcomes: list) -> str:
-    got = read_number(value(outcomes[0], "causal_gap"), "causal_gap", 0, 1e6,
-                      "a number (the largest absolute difference)")
-    causal, unmasked = order_gaps()
-    if abs(got - causal) <= 1e-4 * max(1.0, causal):
-        return (f"causal_gap: {got:.4f}, the same as the check's run: a causal layer without "
-                "positions still tells the order apart.")
-    if got <= 1e-4:
-        fail(f"causal_gap = {got:.1e} is what attention WITHOUT the mask gives (the check gets "
-             f"{_rounding(unmasked)}): pass the causal mask to both calls.")
-    fail(f"causal_gap = {got:.4f}, but the check measures {causal:.4f} on the same input. Shuffle "
-         "the positions (axis 1) of x with perm, run causal self-attention on x and on the "
-         "shuffled x, shuffle the first output the same way, and take the largest absolute "
-         "difference.")
+@commit_check(1, read=_read_blind, grade="padded_blind", reveals=("ch07_padding_gaps",))
+def padded_is_blind(got: bool) -> str:
+    within = order_gaps()["within"]
+    return (f"prediction committed ({'blind' if got else 'not blind'}). The run: shuffling the 4 "
+            f"real tokens moves the masked outputs by {_rounding(within)} beyond a shuffle, so "
+            "the layer is blind to that reordering.")
+
+
+blind_why = choice_check(
+    1, grade="blind_why", name="blind_why", module=__name__,
+    choices={
+        "a": "a mask leaks order only when WHICH keys a query may see depends on where the query "
+             "stands, as with the causal mask. This one hides the same two keys from every "
+             "query.",
+        "b": None,
+        "c": "softmax attention is not blind to order whatever the mask: the lecture's causal "
+             "mask made it notice. What makes it blind here is that every query sees the same "
+             "set of keys.",
+    },
+    right="why: a padding mask hides the same keys from EVERY query, wherever it stands: each "
+          "query still sees the same set of real tokens, so the permutation argument of "
+          "section 1 goes through. The causal mask leaked order because the set of keys "
+          "depended on the query's position.")
+
+
+def _direction(got: float, want: float, what: str) -> str:
+    return f"{what} is {'larger' if got > want else 'smaller'} than the check's run"
+
+
+@value_check(2, grade="padding_gaps")
+def padding_gaps(cases: list, outcomes: list) -> str:
+    from course_lib.checks._values import read_several
+
+    within, across = read_several(value(outcomes[0], "(gap_within, gap_across)"), 2,
+                                  "two numbers", "check.padding_gaps(gap_within, gap_across)")
+    within = read_number(within, "gap_within", 0, 1e6, "a number (the largest difference)")
+    across = read_number(across, "gap_across", 0, 1e6, "a number (the largest difference)")
+    gaps = order_gaps()
+    if within > 1e-4:
+        fail(f"gap_within = {within:.2e}: shuffling only the real tokens should change nothing "
+             "beyond the shuffle. Did you keep the same padding mask for both runs (it hides "
+             "positions 4 and 5, not particular tokens), and no causal mask?")
+    if abs(across - gaps["across"]) <= 1e-4 * max(1.0, gaps["across"]):
+        return (f"padding_gaps: {_rounding(within)} within the real tokens, {across:.4f} across "
+                "the padding: the mask is tied to positions, so a token moved into a padded "
+                "slot vanishes from every query's view.")
+    if across <= 1e-4:
+        fail(f"gap_across = {across:.1e} says the shuffle across the padding changes nothing: "
+             "did you use perm_across, and the padding mask in both runs?")
+    fail(f"{_direction(across, gaps['across'], 'gap_across')} on the same input (more than "
+         "1e-4 apart). Shuffle the positions (axis 1) of x with perm_across, run the masked "
+         "self-attention on x and on the shuffled x, reorder the first output by the same perm, "
+         "and take the largest absolute difference.")
 
 
 # ---------------------------------------------------------------- exercise 3

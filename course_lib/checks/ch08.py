@@ -19,10 +19,12 @@ from course_lib.checks._ch08_backward import flash_backward
 from course_lib.checks._ch08_kernels import row_softmax, triton_inner_step
 from course_lib.checks._ch08_puzzles import add_bias_kernel, row_max_kernel, row_mean_kernel
 from course_lib.checks._core import call, expect_close, expect_pair, expect_shape, fail, to_tensor
+from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
-__all__ = ["online_update", "causal_tiled", "causal_fraction", "measured_causal_fraction",
+__all__ = ["online_update", "causal_tiled", "causal_fraction", "fraction_why",
+           "measured_causal_fraction",
            "triton_inner_step", "add_bias_kernel", "row_mean_kernel", "row_max_kernel",
            "row_softmax", "flash_backward", "hint"]
 
@@ -187,6 +189,7 @@ def causal_tiled(cases: list, outcomes: list) -> str:
 # ---------------------------------------------------------------- exercises 3 and 4
 
 FRACTION_N, FRACTION_D, FRACTION_BLOCK = 1024, 64, 128
+MEASURE_BLOCK = 64   # exercise 4 measures at a block size the prediction's reveal did not show
 
 
 def _flops(n: int, d: int, block: int, causal: bool) -> int:
@@ -199,52 +202,61 @@ def _flops(n: int, d: int, block: int, causal: bool) -> int:
     return counter.get_total_flops()
 
 
-def measured_fraction() -> float:
+def measured_fraction(block: int = FRACTION_BLOCK) -> float:
     """FLOPs of causal tiled attention over those of the full grid, at the exercise's size."""
-    args = (FRACTION_N, FRACTION_D, FRACTION_BLOCK)
+    args = (FRACTION_N, FRACTION_D, block)
     return _flops(*args, causal=True) / _flops(*args, causal=False)
 
 
-def _why(measured: float) -> str:
-    t = FRACTION_N // FRACTION_BLOCK
-    return (f"of the {t} x {t} = {t * t} tiles, the {t * (t - 1) // 2} above the diagonal are "
-            f"skipped and the {t} diagonal ones are computed whole (masked inside), so "
-            f"{t * (t + 1) // 2} of {t * t} = {measured:.4f} of the work remains: a little more "
-            "than half, closer to half the smaller the tiles.")
+def _read_fraction(got) -> float:
+    return read_number(got, "predicted_fraction", 0, 1, "a fraction between 0 and 1")
 
 
-@value_check(3)
-def causal_fraction(cases: list, outcomes: list) -> str:
-    got = read_number(value(outcomes[0], "predicted_fraction"), "predicted_fraction", 0, 1,
-                      "a fraction between 0 and 1")
+@commit_check(3, read=_read_fraction, grade="causal_fraction")
+def causal_fraction(got: float) -> str:
     measured = measured_fraction()
-    gap = f"you predicted {got:.3f}, the count gives {measured:.4f}"
-    if abs(got - measured) <= 0.03:
-        return f"causal_fraction: {gap}. Right: {_why(measured)}"
-    if abs(got - 0.5) < 0.01:
-        fail(f"{gap}. One half is the masked part of the n x n grid, but tiles are skipped only "
-             f"when they are ENTIRELY in the future: {_why(measured)}")
-    fail(f"{gap}: {_why(measured)}")
+    t = FRACTION_N // FRACTION_BLOCK
+    return (f"prediction committed. The count: causal tiling at block {FRACTION_BLOCK} spends "
+            f"{measured:.4f} of the full FLOPs ({t * (t + 1) // 2} of the {t * t} tiles); you "
+            f"predicted {got:.3f}.")
+
+
+fraction_why = choice_check(
+    3, grade="fraction_why", name="fraction_why", module=__name__,
+    choices={
+        "a": "one half is the masked part of the n x n GRID, but the loop skips whole tiles "
+             "only: a tile the diagonal cuts through is computed whole, masked inside.",
+        "b": None,
+        "c": "the mask does not cost the full work: every tile strictly above the diagonal is "
+             "skipped, never computed.",
+    },
+    right="why: the tiles strictly above the diagonal are skipped, the diagonal ones computed "
+          "whole: T (T + 1) / 2 of T² tiles with T = n / block, a little more than half, closer "
+          "to half the smaller the tiles.")
 
 
 @value_check(4, grade="measured_fraction")
 def measured_causal_fraction(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "causal_over_full"), "causal_over_full", 0, 10,
                       "a number (causal FLOPs / full FLOPs)")
-    measured = measured_fraction()
-    if abs(got - measured) <= 0.005:
-        return (f"measured_causal_fraction: {got:.4f} of the full FLOPs, as FlopCounterMode "
-                "counts them: the diagonal tiles are the price of skipping whole tiles.")
-    if abs(got - 1) < 0.005:
+    measured = measured_fraction(MEASURE_BLOCK)
+    if abs(got - measured) <= 0.002:
+        return (f"measured_causal_fraction: {got:.4f} of the full FLOPs at block_size = "
+                f"{MEASURE_BLOCK}, as FlopCounterMode counts them: smaller tiles, fewer wasted "
+                "diagonal halves, closer to one half.")
+    if abs(got - 1) < 0.002:
         fail(f"causal_over_full = {got:.4f}: both counts are the same, so both runs were "
              "non-causal (or both causal). Pass causal=True to one of them.")
-    if abs(got - 0.5) < 0.005:
+    if abs(got - 0.5) < 0.002:
         fail("causal_over_full = 0.5 is the formula for the masked grid, not a measurement: "
              "count the FLOPs of both calls with FlopCounterMode and divide.")
-    if abs(got - 1 / measured) <= 0.02:
-        fail(f"causal_over_full = {got:.4f} is upside down: divide the causal count by the full "
-             "one.")
-    fail(f"causal_over_full = {got:.4f}, but counting tiled_attention's FLOPs at n = "
-         f"{FRACTION_N}, d = {FRACTION_D}, block_size = {FRACTION_BLOCK} gives a different "
-         "fraction: use exactly those sizes, one head, the same inputs for both calls.")
-
+    if abs(got - measured_fraction()) <= 0.002:
+        fail(f"causal_over_full = {got:.4f} is the count at block_size = {FRACTION_BLOCK}, "
+             f"exercise 3's: this one asks for block_size = {MEASURE_BLOCK}.")
+    if got > 1:
+        fail(f"causal_over_full = {got:.4f} is above 1, upside down: divide the causal count by "
+             "the full one.")
+    direction = "larger" if got > measured else "smaller"
+    fail(f"causal_over_full = {got:.4f} is {direction} than the check's count: use exactly "
+         f"n = {FRACTION_N}, d = {FRACTION_D}, block_size = {MEASURE_BLOCK}, one head, the same "
+         "inputs for both calls.")

@@ -1,6 +1,6 @@
 """Checkers for exercises/10_the_transformer.ipynb: a pre-LN block from its parameters (build),
-a head ablation that zeroes the wrong side of W_O (debug), how well ONE layer does induction
-(predict), and what zeroing layer 1's previous-token heads does to a two-layer model (experiment).
+a head ablation that removes too little (debug), what zeroing ONE induction head of layer 1 does
+to the two-layer model (predict), and the same for each layer-1 head in turn (experiment).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from torch import nn
 import course_lib.models.block as block_module
 import course_lib.multihead as multihead
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
-from course_lib.checks._values import read_several
 
-__all__ = ["transformer_block", "ablate_head", "one_layer_accuracy", "ablated_accuracy", "hint"]
+__all__ = ["transformer_block", "ablate_head", "one_head_accuracy", "head_why",
+           "single_head_ablations", "hint"]
 
 SOLUTION = "solutions/10_the_transformer.ipynb"
 
@@ -66,17 +67,27 @@ def _variant(x, p, heads, mask, *, kind="right"):
     def attn(t):
         def proj(name, u):
             return F.linear(u, p[f"attn.{name}.weight"], p[f"attn.{name}.bias"])
-        q, k, v = (multihead.split_heads(proj(name, t), heads)
-                   for name in ("q_proj", "k_proj", "v_proj"))  # (B, h, n, d_head)
+        batch, n = t.shape[:2]
+
+        def split(u):  # "no_transpose": (B, n, d) reshaped straight to (B, h, n, d_head)
+            return u.reshape(batch, heads, n, d // heads) if kind == "no_transpose" \
+                else multihead.split_heads(u, heads)
+        q, k, v = (split(proj(name, t)) for name in ("q_proj", "k_proj", "v_proj"))
         scale = 1 / math.sqrt(d if kind == "scale_d_model" else d // heads)
         scores = q @ k.transpose(-2, -1) * scale
         if mask is not None and kind != "no_mask":
             scores = scores.masked_fill(~mask, float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v
-        return proj("out_proj", multihead.merge_heads(out))
+        weights = torch.softmax(scores, dim=-2 if kind == "query_axis" else -1)
+        out = (weights.nan_to_num(0.0) if kind == "query_axis" else weights) @ v
+        merged = out.reshape(batch, n, d) if kind == "no_transpose" \
+            else multihead.merge_heads(out)
+        return proj("out_proj", merged)
 
     def mlp(t):
         act = F.relu if kind == "relu" else F.gelu
+        if kind == "tanh_gelu":
+            def act(u):
+                return F.gelu(u, approximate="tanh")
         return F.linear(act(F.linear(t, p["mlp.0.weight"], p["mlp.0.bias"])),
                         p["mlp.2.weight"], p["mlp.2.bias"])
 
@@ -102,6 +113,16 @@ _BLOCK_MISTAKES = {
     "normed_residual": "the residual adds the sub-layer to the NORMALISED stream (h + attn(h) with "
                        "h = ln1(x)); it must be added to x itself: x + attn(ln1(x)).",
     "relu": "the MLP uses ReLU; the block's MLP is Linear, GELU, Linear.",
+    "tanh_gelu": "the MLP uses the tanh approximation of GELU (approximate='tanh'); the block "
+                 "(like torch's TransformerEncoderLayer with activation='gelu') uses the exact "
+                 "GELU, x·Φ(x). The two differ by up to about 1e-3.",
+    "query_axis": "the attention weights are normalised over the QUERY axis (softmax over dim "
+                  "-2): each query's weights over the keys must sum to 1, so the softmax runs "
+                  "over the last axis, the keys.",
+    "no_transpose": "the heads are cut by reshaping (batch, n, d_model) straight to (batch, "
+                    "heads, n, d_head): that mixes positions into heads. Split the last axis "
+                    "into (heads, d_head) and then swap the n and heads axes (view, then "
+                    "transpose(1, 2)); merge back the same way in reverse.",
     "scale_d_model": "the scores are divided by √d_model; each head scores with its own width, "
                      "so divide by √(d_model / num_heads).",
     "no_mask": "the mask is ignored: where mask is False the weight must be exactly 0.",
@@ -122,7 +143,7 @@ def transformer_block(cases: list, outcomes: list) -> str:
         if torch.allclose(out, want, atol=1e-8, rtol=1e-6):
             continue
         for kind, message in _BLOCK_MISTAKES.items():
-            if kind == "no_mask" and mask is None:
+            if kind == "no_mask" and mask is None or kind == "no_transpose" and heads == 1:
                 continue
             if torch.allclose(out, _variant(x, p, heads, mask, kind=kind), atol=1e-8, rtol=1e-6):
                 fail(f"{what}: {message}")
@@ -204,28 +225,34 @@ def induction_test_set():
     return induction_batch(torch.Generator().manual_seed(INDUCTION_SEED), INDUCTION_BATCH, **task)
 
 
-def _measured_one_layer() -> float:
-    from course_lib.stacking import pretrained
-    from course_lib.train import evaluate
-
-    with torch.random.fork_rng():
-        return evaluate(pretrained.load("induction_1layer"), *induction_test_set())
-
-
-def _measured_ablation() -> tuple[float, list[int], float]:
-    """(accuracy before, layer-0 heads scoring > 0.5 on the previous token, accuracy without)."""
+def _measured_single_heads() -> tuple[float, list[float], list[float]]:
+    """(accuracy with every head, accuracy with each layer-1 head zeroed alone, each layer-0
+    head zeroed alone) of the two-layer model on the test batch."""
     from course_lib.stacking import pretrained
     from course_lib.stacking.induction import ablate_head as ablate
-    from course_lib.stacking.induction import head_scores
     from course_lib.train import evaluate
 
     model = pretrained.load("induction_2layer")
     tokens, targets = induction_test_set()
     before = evaluate(model, tokens, targets)
-    heads = [h for h, s in enumerate(head_scores(model, tokens)["previous"][0]) if s > 0.5]
-    with ablate(model, 0, heads):
-        after = evaluate(model, tokens, targets)
-    return before, heads, after
+    heads = model.blocks[0].attn.num_heads
+    found = []
+    for layer in (1, 0):
+        accuracies = []
+        for h in range(heads):
+            with ablate(model, layer, [h]):
+                accuracies.append(evaluate(model, tokens, targets))
+        found.append(accuracies)
+    return before, found[0], found[1]
+
+
+def _strongest_induction_head() -> int:
+    from course_lib.stacking import pretrained
+    from course_lib.stacking.induction import head_scores
+
+    scores = head_scores(pretrained.load("induction_2layer"), induction_test_set()[0])
+    row = list(scores["induction"][1])
+    return row.index(max(row))
 
 
 def _number(got, name: str, low: float = 0.0, high: float = 1.0) -> float:
@@ -240,48 +267,59 @@ def _number(got, name: str, low: float = 0.0, high: float = 1.0) -> float:
     return float(got)
 
 
-@value_check(3, grade="predict")
-def one_layer_accuracy(cases: list, outcomes: list) -> str:
-    got = _number(value(outcomes[0], "predicted_accuracy"), "predicted_accuracy")
-    measured = _measured_one_layer()
-    chance = 1 / 32
-    if got >= 0.5:
-        fail(f"you predicted {got:.2f}, the one-layer model scores {measured:.2f}. In one layer a "
-             "key is made from its own token only: no key can say 'the token before me was A', "
-             "so no query can find the token after the earlier A.")
-    if abs(got - measured) <= 0.1:
-        return (f"one_layer_accuracy: you predicted {got:.2f}, the model scores {measured:.2f}: "
-                f"near guessing. (Above 1/32 = {chance:.2f} because it can still guess among the "
-                "tokens the first copy showed.)")
-    fail(f"you predicted {got:.2f}, the one-layer model scores {measured:.2f}. It cannot find the "
-         "answer, but it is not blind either: it can guess among the few tokens the first copy "
-         "showed, which beats 1/32.")
+def _read_accuracy(got) -> float:
+    return _number(got, "predicted_accuracy")
+
+
+@commit_check(3, read=_read_accuracy, grade="predict")
+def one_head_accuracy(got: float) -> str:
+    _, layer1, _ = _measured_single_heads()
+    head = _strongest_induction_head()
+    return (f"prediction committed. The run: with head {head} of layer 1 zeroed the model scores "
+            f"{layer1[head]:.2f} (1.00 with every head); you predicted {got:.2f}.")
+
+
+head_why = choice_check(
+    3, grade="head_why", name="head_why", module=__name__,
+    choices={
+        "a": "zeroing one induction head is not zeroing the circuit: the lecture's ablation "
+             "removed the previous-token heads that EVERY induction head reads; here three "
+             "induction heads are left, reading the same stream.",
+        "b": None,
+        "c": "the other heads do not cover for it completely: they read the stream a little "
+             "differently, and some answers relied on this head.",
+    },
+    right="why: the induction job is spread over several layer-1 heads, unevenly: with one "
+          "gone the others still find most answers, not all.")
 
 
 @value_check(4, grade="ablation")
-def ablated_accuracy(cases: list, outcomes: list) -> str:
-    heads, accuracy = read_several(value(outcomes[0], "(heads, accuracy)"), 2, "two answers",
-                                   "check.ablated_accuracy(previous_heads, accuracy)")
-    if isinstance(heads, torch.Tensor):
-        heads = heads.tolist()
-    if isinstance(heads, int) and not isinstance(heads, bool):
-        heads = [heads]
-    if not isinstance(heads, (list, tuple)) or \
-            not all(isinstance(h, int) and not isinstance(h, bool) for h in heads):
-        fail(f"previous_heads should be a list of head numbers of layer 0, got {heads!r}.")
-    accuracy = _number(accuracy, "accuracy")
-    before, want_heads, after = _measured_ablation()
-    if sorted(heads) != want_heads:
-        fail(f"previous_heads = {sorted(heads)}: the layer-0 heads whose previous-token score is "
-             f"above 0.5 are {want_heads}. Score them with head_scores(model, tokens)"
-             "['previous'][0].")
-    if abs(accuracy - after) > 0.02:
-        if abs(accuracy - before) <= 0.02:
-            fail(f"accuracy = {accuracy:.3f} is the model's accuracy with every head in place; "
-                 "measure it inside the `with ablate_head(...)` block.")
-        fail(f"accuracy = {accuracy:.3f}, but with heads {want_heads} of layer 0 zeroed the model "
-             f"scores {after:.3f} on the exercise's test batch (seed {INDUCTION_SEED}).")
-    return (f"ablated_accuracy: zeroing the previous-token heads {want_heads} of layer 0 takes "
-            f"the two-layer model from {before:.2f} to {after:.2f}: the layer-1 induction heads "
-            "had nothing to match on.")
-
+def single_head_ablations(cases: list, outcomes: list) -> str:
+    got = value(outcomes[0], "layer1_accuracies")
+    if isinstance(got, torch.Tensor):
+        got = got.tolist()
+    if got is None:
+        fail("layer1_accuracies is None: measure one accuracy per head of layer 1.")
+    before, layer1, layer0 = _measured_single_heads()
+    if not isinstance(got, (list, tuple)) or len(got) != len(layer1):
+        fail(f"layer1_accuracies should be a list of {len(layer1)} accuracies, one per head of "
+             f"layer 1 (head 0 first), got {got!r}.")
+    got = [_number(a, f"layer1_accuracies[{h}]") for h, a in enumerate(got)]
+    close = [abs(a - w) <= 0.01 for a, w in zip(got, layer1)]
+    if all(close):
+        worst = min(range(len(got)), key=got.__getitem__)
+        return (f"single_head_ablations: zeroing one layer-1 head at a time costs between "
+                f"{1 - max(got):.2f} and {1 - min(got):.2f} of the accuracy; head {worst} "
+                "matters most, and no single head is the whole circuit.")
+    if all(abs(a - w) <= 0.01 for a, w in zip(got, layer0)):
+        fail("these are the accuracies with the heads of layer 0 (the first layer) zeroed one "
+             "at a time: the exercise asks for layer 1, ablate_head(model, 1, [h]).")
+    if all(abs(a - before) <= 0.01 for a in got):
+        fail("every accuracy equals the model's accuracy with all its heads: measure inside the "
+             "`with course_ablate_head(model, 1, [h]):` block, one head at a time.")
+    wrong = [h for h, ok in enumerate(close) if not ok]
+    directions = ", ".join(f"head {h} {'too high' if got[h] > layer1[h] else 'too low'}"
+                           for h in wrong)
+    fail(f"layer1_accuracies differs from the check's measurement ({directions}, by more than "
+         "0.01). Zero ONE head at a time (ablate_head(model, 1, [h])) and evaluate on the "
+         f"exercise's test batch (seed {INDUCTION_SEED}, {INDUCTION_BATCH} sequences).")
