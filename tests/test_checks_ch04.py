@@ -58,6 +58,9 @@ REFERENCE_CALLS = [
     (check.causal_mask, lambda n: masks.causal_mask(n)),
     (check.padding_mask, lambda lengths, n: masks.padding_mask(lengths, n)),
     (check.masked_softmax, lambda s, m: attention.softmax(s.masked_fill(~m, float("-inf")))),
+    # torch's softmax with nan_to_num gives the right numbers without the exercise
+    (check.masked_softmax, lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), -1)
+     .nan_to_num(0.0)),
 ]
 
 
@@ -100,11 +103,16 @@ def test_wrong_additive(wrong, words):
         check.to_additive(wrong)
 
 
+def exp_softmax(s):
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
 @pytest.mark.parametrize("wrong,words", [
-    (lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), -1), "fully masked row"),
-    (lambda s, m: torch.softmax(s, -1) * m, "differs"),
-    (lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1), "all-zero weights"),
-    (lambda s, m: torch.softmax(s, -1), "non-zero weight"),
+    (lambda s, m: exp_softmax(s.masked_fill(~m, float("-inf"))), "fully masked row"),
+    (lambda s, m: exp_softmax(s) * m, "differs"),
+    (lambda s, m: exp_softmax(s.masked_fill(~m, -1e9)), "all-zero weights"),
+    (lambda s, m: exp_softmax(s), "non-zero weight"),
     (lambda s, m: masked_softmax_ok(s, m)[..., 0], "shape"),
 ])
 def test_wrong_masked_softmax(wrong, words):
@@ -139,6 +147,10 @@ def test_causal_attention_passes_and_is_in_the_generic_lists(capsys):
 @pytest.mark.parametrize("wrong,words", [
     (causal_attention_diagonal(2), "still off by one diagonal"),
     (causal_attention_diagonal(0), "hides each token from itself"),
+    (lambda q, k, v: (lambda w: (w @ v, w))(torch.softmax(
+        (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(torch.triu(torch.ones(
+            q.shape[-2], q.shape[-2], dtype=torch.bool), 1), float("-inf")), -2)),
+     "softmax ran over the queries"),
     (lambda q, k, v: causal_attention_ok(q, k, v)[1], "should return a pair"),
     (lambda q, k, v: (causal_attention_ok(q, k, v)[0],
                       causal_attention_ok(q, k, v)[1].transpose(-2, -1)), "wrong way round"),
@@ -181,6 +193,7 @@ def test_soft_mask_measurement(capsys):
     (_leaks(per_row_of_seven=True), "averages over the 7 rows"),
     ({5: 0.0, 10: 0.0, 30: 0.0}, "did you mask with -inf"),
     (_leaks(replace=True), "subtract 5 from"),
+    ({5: 0.5, 10: 0.2, 30: 0.1}, "too large"),
     ({5: 0.2, 10: 0.01}, "no entry for 30"),
 ])
 def test_wrong_soft_mask_measurements(wrong, words):

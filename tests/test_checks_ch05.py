@@ -141,18 +141,36 @@ def test_the_planted_merge_bug_left_unfixed_is_named():
         check.merge_heads(merge_given)
 
 
-def test_flop_growth_is_measured_and_the_prediction_judged(capsys):
+def test_flop_growth_is_committed_whatever_it_says(capsys):
+    from course_lib.checks import _predict
     assert check.measured_flops(4) / check.measured_flops(1) == 8.0
-    check.flop_growth(8.0)
-    assert "8x" in capsys.readouterr().out
-    check.flop_growth(torch.tensor(7.0))  # within a quarter of the count
+    for guess in (8.0, torch.tensor(7.0), 4, 16.0):
+        _predict.forget()
+        check.flop_growth(guess)
+        out = capsys.readouterr().out
+        assert out.index("📌 Recorded") < out.index("8x")
+    _predict.forget()
 
 
 @pytest.mark.parametrize("prediction,words", [
-    (4, "only the attention part"), (16.0, "only the projections"), (1, "FIXED d_model"),
-    (30.0, "you predicted 30x"), (None, "None"), ("8", "should be a number"),
+    (None, "None"), ("8", "should be a number"),
     (float("nan"), "finite"), (-1.0, "outside"), (True, "should be a number"),
 ])
-def test_flop_growth_explains_a_wrong_prediction(prediction, words):
+def test_malformed_flop_predictions_are_not_commits(prediction, words):
+    from course_lib.checks import _predict
+    _predict.forget()
     with pytest.raises(CheckFailure, match=words):
         check.flop_growth(prediction)
+    assert check.flop_growth.id not in _predict._RECORDS
+
+
+@pytest.mark.parametrize("why,words", [
+    ("a", "only the attention part"), ("b", "only the projections"), ("c", "FIXED d_model")])
+def test_flop_explanations_name_their_misconception(why, words):
+    from course_lib.checks import _predict
+    _predict.forget()
+    with pytest.raises(CheckFailure, match=words):
+        check.flop_why(why)
+    with pytest.raises(CheckFailure, match=words):
+        check.flop_why("d")  # the first answer stands: an edit after it changes nothing
+    _predict.forget()

@@ -343,3 +343,48 @@ def test_loader_refuses_large_files_and_malformed_outcomes(tmp_path):
         torch.save(bad, path)
         with pytest.raises(OutcomeError):
             load_outcomes(path)
+
+
+# ------------------------------------------------------------- predictions committed first
+
+def _submitted(record_text, count=5, reveal_count=None):
+    cells = [{"cell_type": "code", "execution_count": count, "source": "check.x(prediction)",
+              "metadata": {"nbgrader": {"grade_id": "ch01_temperature_test"}},
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": record_text}]}]
+    if reveal_count is not None:
+        cells.append({"cell_type": "code", "execution_count": reveal_count, "source": "",
+                      "metadata": {"nbgrader": {"grade_id": "ch01_reveal"}}, "outputs": []})
+    return {"cells": cells}
+
+
+def test_the_grader_judges_the_commit_the_notebook_recorded():
+    from types import SimpleNamespace
+
+    from course_lib.checks import ch01, commit_info, parse_records
+    from course_lib.checks._predict import record_line
+    from course_tools.grader import predictions
+    from course_tools.grader.probes import Verdict
+
+    line = record_line("temperature_prediction", 4, {"cold": 40.0, "hot": 10.0})
+    assert parse_records(line + "\n✔ ...") == {
+        "temperature_prediction": (4, {"cold": 40.0, "hot": 10.0})}
+    assert parse_records("📌 Recorded (first run of x, at [1]; later edits do not change it): "
+                         "__import__('os')") == {}  # literal_eval only: nothing runs
+    assert commit_info("ch01.temperature_prediction") == {"reveals": (), "kind": "commit"}
+    assert commit_info("ch01.similarity_scores") is None
+    call = SimpleNamespace(check=ch01.temperature_prediction)
+    plan = SimpleNamespace(cells=[SimpleNamespace(role="probe", call=call,
+                                                  grade_id="ch01_temperature_test")])
+    rerun = {0: Verdict(True, "the re-run value", [])}
+    got = predictions.review(_submitted(line), plan, rerun)[0]
+    assert got.passed and "you predicted 40.00" in got.message   # the record, not the re-run
+    got = predictions.review(_submitted("no record here"), plan, rerun)[0]
+    assert not got.passed and "holds no committed answer" in got.message
+    flagged = {0: Verdict(False, "x", ["a forged result"])}
+    assert predictions.review(_submitted(line), plan, flagged)[0].flags == ["a forged result"]
+    # a revealing cell that ran before the commit
+    info = {"reveals": ("ch01_reveal",), "kind": "commit"}
+    cells = predictions.submitted(_submitted(line, reveal_count=3))
+    got = predictions.judge_record(ch01.temperature_prediction, "ch01_temperature_test", cells,
+                                   info, [])
+    assert not got.passed and "ran (at [3]) before your commit (at [4])" in got.message

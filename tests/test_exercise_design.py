@@ -36,6 +36,7 @@ SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 IDS = [p.stem for p in SOLUTIONS]
 
 KINDS = ("build", "predict", "debug", "experiment")
+ALSO_KINDS = ("puzzle",)        # small graded steps (chapter 08's Triton puzzles); not counted
 MIN_KINDS_PER_SET = 3
 MIN_PER_KIND_IN_COURSE = 5
 HINT_SHARE_MAX = 1 / 3          # of the solution's 3-token sequences a tier-1 hint may contain
@@ -166,8 +167,9 @@ def test_every_answer_cell_has_a_kind_and_the_set_mixes_three(path):
     kinds = {}
     for i, cell in answer_cells(nb):
         kind = cell.metadata.get("course", {}).get("kind")
-        assert kind in KINDS, (f"{path.name} cell {i} ({cell.metadata['nbgrader'].get('grade_id')})"
-                               f": metadata.course.kind is {kind!r}, not one of {KINDS}")
+        gid = cell.metadata["nbgrader"].get("grade_id")
+        assert kind in KINDS + ALSO_KINDS, (f"{path.name} cell {i} ({gid}): metadata.course.kind "
+                                            f"is {kind!r}, not one of {KINDS + ALSO_KINDS}")
         kinds[i] = kind
     assert len(set(kinds.values())) >= MIN_KINDS_PER_SET, (
         f"{path.name} mixes only {sorted(set(kinds.values()))}; a set needs "
@@ -228,3 +230,277 @@ def test_course_wide_kind_counts():
     if short and NOT_YET_REWORKED & {chapter_of(p) for p in SOLUTIONS}:
         pytest.xfail(f"sets still being reworked; so far {report}")
     assert not short, f"fewer than {MIN_PER_KIND_IN_COURSE} exercises of kind {short}: {report}"
+
+
+# ============================================================== issue 22: thinking, not typing
+#
+# What the checks themselves can show: a prediction is committed before anything reveals it, an
+# experiment's feedback never carries its reference number, the listed wrong answers fail, no
+# solution copies a lecture line (any lecture, chapter 00 included), every exercise's heading
+# says its kind, difficulty, minutes and points (the points the grader gives), and no lecture
+# names a debug exercise's bug.
+#
+# PENDING: chapters whose sets are still being converted (H4b: 06-10). Remove a chapter when it
+# passes. CLOSING_PENDING: lectures whose closing "Exercises:" paragraph still waits for its
+# owner to apply /tmp/coord/closing_NN.md.
+PENDING: set[str] = {"06", "07", "08", "09", "10"}
+CLOSING_PENDING: set[str] = set()
+LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
+HEADING = re.compile(r"^\*(Build|Predict|Debug|Experiment|Puzzle) · (easy|medium|hard) · "
+                     r"about (\d+) min · (\d+) points?\*$", re.M)
+MIN_COPIED_TOKENS = 6     # a 1-2-line region of at least this many tokens found whole in a lecture
+
+# Words that name each debug exercise's bug (a lecture or heading that says them spoils it).
+DEBUG_BUGS: dict[str, tuple[str, ...]] = {
+    "ch01_lookup_many": ("wrong axis", "axis=0", "global max", "largest score of the whole"),
+    "ch02_batched": ("reshapes k", "reshape k", "instead of transposing", "k.reshape"),
+    "ch04_causal_attention": ("one diagonal late", "off by one", "off-by-one", "diagonal=2"),
+    "ch05_merge_heads": ("forgets to move the head axis", "move the head axis back",
+                         "without moving the head axis", "reshapes without a transpose"),
+}
+
+
+def _pending(chapter: str):
+    if chapter in PENDING:
+        pytest.xfail(f"chapter {chapter} is in PENDING (issue 22 rework under way)")
+
+
+def _exercises(nb) -> list[dict]:
+    """Per '## Exercise' heading: its text, the kinds of its answer cells, its graded cells."""
+    found: list[dict] = []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "markdown" and cell.source.startswith("## Exercise"):
+            found.append({"heading": cell.source, "kinds": [], "graded": []})
+        elif found and cell.cell_type == "code" and meta.get("solution"):
+            found[-1]["kinds"].append(cell.metadata.get("course", {}).get("kind"))
+        elif found and cell.cell_type == "code" and meta.get("grade"):
+            found[-1]["graded"].append((meta["grade_id"], meta.get("points", 0), cell))
+    return found
+
+
+def _checks_called(cell) -> list:
+    from course_lib.checks import get
+    calls = [n for n in ast.walk(ast.parse(cell.source))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    chapter = cell.metadata["nbgrader"]["grade_id"][2:4]
+    return [get(f"ch{chapter}.{c.func.attr}") for c in calls]
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=IDS)
+def test_every_heading_says_kind_difficulty_minutes_and_the_graders_points(path):
+    _pending(chapter_of(path))
+    problems = []
+    for ex in _exercises(_load(path)):
+        title = ex["heading"].split("\n", 1)[0]
+        m = HEADING.search(ex["heading"])
+        if not m:
+            problems.append(f"{title}: no line like *Build · medium · about 15 min · 3 points*")
+            continue
+        points = sum(p for _, p, _ in ex["graded"])
+        if int(m.group(4)) != points:
+            problems.append(f"{title}: the heading says {m.group(4)} points, the grader gives "
+                            f"{points}")
+        if m.group(1).lower() not in {k for k in ex["kinds"] if k}:
+            problems.append(f"{title}: the heading says {m.group(1)}, the answer cells are "
+                            f"{ex['kinds']}")
+        if re.search(r"\(\d+ points?\)", title):
+            problems.append(f"{title}: points belong on the heading line, not in the title")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=IDS)
+def test_a_prediction_is_committed_before_anything_reveals_it(path):
+    """Every predict exercise's checks record the first commit (course_lib.checks._predict); no
+    cell between the answer and its check shows a result; and in the committed solution the
+    record line is printed before the observed result."""
+    _pending(chapter_of(path))
+    from course_lib.checks import commit_info
+    problems = []
+    nb = _load(path)
+    for ex in _exercises(nb):
+        if "predict" not in ex["kinds"]:
+            continue
+        title = ex["heading"].split("\n", 1)[0]
+        for gid, _, cell in ex["graded"]:
+            for check in _checks_called(cell):
+                if commit_info(check.id) is None:
+                    problems.append(f"{title}: {check.id} does not record a first commit")
+            text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+            if not text.startswith("📌 Recorded"):
+                problems.append(f"{title}: {gid}'s output does not open with the record line")
+    answer_at = None
+    for i, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and cell.metadata.get("course", {}).get("kind") == "predict":
+            answer_at = i
+        elif meta.get("grade"):
+            answer_at = None
+        elif answer_at is not None and cell.cell_type == "code" and cell.get("outputs"):
+            problems.append(f"cell {i} shows output between a prediction (cell {answer_at}) and "
+                            "its check")
+    assert not problems, "\n".join(problems)
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(x.replace(",", "")) for x in re.findall(r"-?\d[\d,]*\.?\d*(?:e-?\d+)?", text)]
+
+
+def _experiment_cases():
+    """(check, a wrong answer, the reference values its feedback must not print)."""
+    from course_lib.checks import ch02, ch03, ch04
+    return [
+        pytest.param(ch02.dilution_experiment, {4: 0.9, 64: 0.5, 1024: 0.3},
+                     [ch02._dilution_reference(n) for n in ch02.DILUTION_NS], id="ch02_dilution"),
+        pytest.param(ch02.dilution_experiment, {4: 0.1, 64: 0.01, 1024: 0.001},
+                     [ch02._dilution_reference(n) for n in ch02.DILUTION_NS], id="ch02_dil_low"),
+        pytest.param(ch03.measured_variance, lambda seed: 2000.0 + seed,
+                     [ch03._measure_reference()], id="ch03_measured"),
+        pytest.param(ch04.soft_mask_experiment, {5: 0.5, 10: 0.2, 30: 0.1},
+                     [ch04._leaked(m) for m in ch04.SOFT_MASK_PENALTIES], id="ch04_soft_mask"),
+    ]
+
+
+@pytest.mark.parametrize("check, wrong, references", _experiment_cases())
+def test_an_experiments_feedback_gives_a_direction_never_the_reference(check, wrong, references):
+    from course_lib.checks import CheckFailure
+    with pytest.raises(CheckFailure) as info:
+        check(wrong)
+    message = str(info.value)
+    for x in _numbers(message):
+        for ref in references:
+            assert not (abs(x - ref) <= 0.02 * abs(ref) and x != 0), (
+                f"the feedback prints {x:g}, the reference {ref:g}: {message}")
+
+
+def _wrong_answers():
+    """The plausible wrong answers issue 22 found passing (and the generic-feedback gaps), with
+    the words their feedback must now contain. Chapters 06-10 add theirs here."""
+    import numpy as np
+    import torch
+
+    def global_max(qs, k, v, t=1.0):
+        s = qs @ k.T / t
+        e = np.exp(s - s.max())
+        w = e / e.sum(axis=1, keepdims=True)
+        return w @ v, w
+
+    def query_axis(x, w_q, w_k, w_v):
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        w = torch.softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5, dim=-2)
+        return w @ v, w
+
+    def causal_query_axis(q, k, v):
+        n = q.shape[-2]
+        blocked = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
+        s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(blocked, float("-inf"))
+        w = torch.softmax(s, dim=-2)
+        return w @ v, w
+
+    def nan_to_num(s, m):
+        return torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(0.0)
+
+    return [
+        pytest.param("ch01.lookup_many", global_max, "its own largest score", id="ch01_global_max"),
+        pytest.param("ch03.entropy_why", "a", "scaled does not mean uniform",
+                     id="ch03_scaled_means_uniform"),
+        pytest.param("ch04.masked_softmax", nan_to_num, "calls the course's own",
+                     id="ch04_softmax_nan_to_num"),
+        pytest.param("ch02.batched_attention", query_axis, "softmax ran over the queries",
+                     id="ch02_query_axis"),
+        pytest.param("ch04.causal_attention", causal_query_axis, "softmax ran over the queries",
+                     id="ch04_query_axis"),
+    ]
+
+
+@pytest.mark.parametrize("check_id, wrong, words", _wrong_answers())
+def test_each_listed_wrong_answer_fails_with_named_feedback(check_id, wrong, words):
+    import numpy as np
+
+    from course_lib.checks import CheckFailure, _predict, get
+    _predict.forget(check_id)
+    with np.errstate(all="ignore"), pytest.raises(CheckFailure) as info:
+        get(check_id)(wrong)
+    _predict.forget(check_id)
+    assert words in str(info.value), str(info.value)
+
+
+def _lecture_code() -> list[tuple[str, int, list[str]]]:
+    return [(lec.name, j, tokens(c.source)) for lec in LECTURES
+            for j, c in enumerate(_load(lec).cells) if c.cell_type == "code"]
+
+
+def _contains(whole: list[str], part: list[str]) -> bool:
+    n = len(part)
+    return any(whole[i:i + n] == part for i in range(len(whole) - n + 1))
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=IDS)
+def test_copied_lines_are_found_whole_and_headings_read():
+    lecture = tokens("e = np.exp(z - z.max())\nreturn e / e.sum()\n")
+    assert _contains(lecture, tokens("    e = np.exp(z - z.max())  # shifted"))
+    assert not _contains(lecture, tokens("e = np.exp(z - z.max(axis=1))"))
+    m = HEADING.search("## Exercise 1 · x\n\n*Build · medium · about 15 min · 3 points*\n")
+    assert m and m.groups() == ("Build", "medium", "15", "3")
+    assert _numbers("sum to 1,234.5 and 2e-03, 7") == [1234.5, 2e-03, 7.0]
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=IDS)
+def test_no_solution_copies_lines_of_any_lecture(path):
+    """Against EVERY lecture, chapter 00 included: a region of three lines or more shares at
+    most two thirds of its 3-token sequences with any lecture cell, and a region of one or two
+    lines (of MIN_COPIED_TOKENS tokens or more) is not found whole in one."""
+    _pending(chapter_of(path))
+    lecture_cells = _lecture_code()
+    problems = []
+    for _i, cell in answer_cells(_load(path)):
+        gid = cell.metadata["nbgrader"].get("grade_id")
+        for region in regions(cell.source):
+            part = tokens(region)
+            for name, j, whole in lecture_cells:
+                if code_lines(region) >= MIN_REGION_LINES:
+                    s = share(" ".join(whole), region)
+                    if s > LECTURE_SHARE_MAX:
+                        problems.append(f"{gid}: shares {s:.0%} of its 3-token sequences with "
+                                        f"{name} cell {j}")
+                elif len(part) >= MIN_COPIED_TOKENS and _contains(whole, part):
+                    problems.append(f"{gid}: its {code_lines(region)}-line region is {name} "
+                                    f"cell {j} word for word")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_debug_exercise_lists_the_words_that_name_its_bug():
+    debug = {c.metadata["nbgrader"]["grade_id"] for p in SOLUTIONS for _, c in answer_cells(
+        _load(p)) if c.metadata.get("course", {}).get("kind") == "debug"
+        and chapter_of(p) not in PENDING}
+    assert debug <= set(DEBUG_BUGS), f"no DEBUG_BUGS entry for {sorted(debug - set(DEBUG_BUGS))}"
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=[p.stem for p in LECTURES])
+def test_no_lecture_names_a_debug_exercises_bug(path):
+    if chapter_of(path) in CLOSING_PENDING:
+        pytest.xfail(f"lecture {chapter_of(path)}'s closing paragraph waits for its owner")
+    text = "\n".join(c.source for c in _load(path).cells if c.cell_type == "markdown").lower()
+    named = [f"{gid}: {w!r}" for gid, words in DEBUG_BUGS.items() for w in words if w in text]
+    assert not named, f"{path.name} names a debug exercise's bug: {named}"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=IDS)
+def test_no_debug_title_or_first_hint_names_its_bug(path):
+    _pending(chapter_of(path))
+    nb = _load(path)
+    problems = []
+    for ex in _exercises(nb):
+        if "debug" not in ex["kinds"]:
+            continue
+        for gid, words in DEBUG_BUGS.items():
+            if not any(g.startswith(gid) for g, _, _ in ex["graded"]):
+                continue
+            first = ex["heading"].split("\n", 1)[0].lower()
+            tier1 = " ".join(h for _, c in answer_cells(nb)
+                             if c.metadata["nbgrader"]["grade_id"] == gid
+                             for h in hints_in(c.source)).lower()
+            problems += [f"{gid}: {where} says {w!r}" for w in words
+                         for where, text in (("the title", first), ("tier 1", tier1))
+                         if w in text]
+    assert not problems, "\n".join(problems)

@@ -158,8 +158,13 @@ def _masked_softmax_cases(seed: int, hidden: bool) -> list:
     return [{"scores": s, "mask": m} for s, m in cases]
 
 
+# torch's softmax does the stable part and the NaN of a fully masked row for you (nan_to_num
+# then hides the NaN): the exercise is to write both from torch.exp and sums.
 @function_check(4, args=("scores", "mask"), cases=_masked_softmax_cases,
-                forbid=((attention, "softmax"), (attention, "scaled_dot_product_attention")))
+                forbid=((attention, "softmax"), (attention, "scaled_dot_product_attention"),
+                        (torch, "softmax"), (torch.nn.functional, "softmax"),
+                        (torch.Tensor, "softmax"), (torch, "log_softmax"),
+                        (torch.nn.functional, "log_softmax"), (torch.special, "softmax")))
 def masked_softmax(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         s, mask = case["scores"], case["mask"]
@@ -232,6 +237,12 @@ def causal_attention(cases: list, outcomes: list) -> str:
                 not bool(torch.isfinite(w).all()) and n > 0):
             fail("your mask now also hides each token from itself: query 0 has no key left "
                  "and its weights come out NaN. Key j = i is allowed; only j > i is the future.")
+        blocked = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(blocked,
+                                                                               float("-inf"))
+        if n > 1 and _same(w, torch.softmax(scores, dim=-2)):
+            fail("each COLUMN of your weights sums to 1: the softmax ran over the queries "
+                 "(dim=-2). Each query's row must sum to 1 over the keys it may read: dim=-1.")
         past = torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1)
         if n > 1 and bool((w[..., past] == 0).all()) and bool((w[..., past.T] > 0).all()):
             fail("your weights are zero on the past and positive on the future: the mask is the "
@@ -275,9 +286,10 @@ def soft_mask_experiment(cases: list, outcomes: list) -> str:
         if x == 0:
             fail(f"leaked[{m}] is 0: did you mask with -inf? Subtract the penalty {m} from the "
                  "blocked scores instead, and measure what still reaches the future.")
-        fail(f"leaked[{m}] = {x:.4g}, but the measurement gives {want:.4g}: subtract {m} from "
-             "the scores of the keys j > i, softmax each row, add up each row's weight on those "
-             "keys, and average over the 8 rows.")
+        side = "too large" if x > want else "too small"
+        fail(f"leaked[{m}] = {x:.4g} is {side}: subtract {m} from the scores of the keys j > i "
+             "(only those), softmax each row, add up each row's weight on those keys, and "
+             "average over the 8 rows.")
     return (f"leaked: {measured[5]:.3f} of each row's weight reaches the future at a penalty of "
             f"5, {measured[10]:.1e} at 10 and {measured[30]:.0e} at 30: a soft mask only hides "
             "the future when its penalty dwarfs the spread of the scores.")
