@@ -435,7 +435,6 @@ def _contains(whole: list[str], part: list[str]) -> bool:
     return any(whole[i:i + n] == part for i in range(len(whole) - n + 1))
 
 
-@pytest.mark.parametrize("path", SOLUTIONS, ids=IDS)
 def test_copied_lines_are_found_whole_and_headings_read():
     lecture = tokens("e = np.exp(z - z.max())\nreturn e / e.sum()\n")
     assert _contains(lecture, tokens("    e = np.exp(z - z.max())  # shifted"))
