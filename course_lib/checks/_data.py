@@ -163,7 +163,8 @@ def _refuse_expanding(path: str | os.PathLike, max_bytes: int) -> None:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise OutcomeError(f"the result file is not a torch zip file ({type(e).__name__})") from None
+        raise OutcomeError(f"the result file is not plain data (not a torch zip file: "
+                           f"{type(e).__name__})") from None
     if len(entries) > MAX_RECORDS:
         raise OutcomeError(f"the result file has {len(entries)} entries, more than {MAX_RECORDS}")
     declared = 0

@@ -223,8 +223,11 @@ class SignalShield:
         if not self._on:
             return
         self._on = False
-        os.kill(os.getpid(), signal.SIGUSR2)  # wake the waiting thread
+        with contextlib.suppress(OSError, ProcessLookupError):  # wake the waiting thread
+            signal.pthread_kill(self._thread.ident, signal.SIGUSR2)
         self._thread.join(timeout=2)
+        while signal.sigtimedwait(SHIELDED, 0) is not None:  # drop what is still pending
+            pass
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SHIELDED)
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 
-from course_tools.grader import guard
+from course_tools.grader import guard, predictions
 from course_tools.grader.assemble import assemble
 from course_tools.grader.calls import checker_names
 from course_tools.grader.limits import DISK_MB
@@ -59,6 +59,8 @@ def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
         return result
     found = scan_plan(plan.cells, checker_names(source)) if hidden else {}
     run = run_submission(Path(path).name, data, plan, settings)
+    if hidden:  # predictions are judged on what the submission recorded (predictions.py)
+        run.verdicts = predictions.review(nb, plan, run.verdicts)
     problem = environment_problem(plan, run, timeout=settings.timeout,
                                   memory_mb=settings.memory_mb, grader_lib=settings.course_lib,
                                   python_path=settings.given_path)

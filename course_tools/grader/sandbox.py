@@ -118,7 +118,8 @@ ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONHASHSEED", "MPLBAC
              "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
              "COURSE_FLASH_AUTOTUNE", "COURSE_GRADE_RUN", "SYSTEMROOT", "COMSPEC", "PATHEXT",
              "WINDIR"}
-ENV_PREFIXES = ("LC_", "TRITON_", "NVIDIA_")
+ENV_PREFIXES = ("LC_", "TRITON_", "NVIDIA_", "CUDA_", "PYTORCH_", "TORCH_", "TORCHINDUCTOR_",
+                "OMP_", "MKL_", "KMP_")
 
 
 def allowed_env(base: dict[str, str]) -> dict[str, str]:
