@@ -11,8 +11,9 @@ from course_lib.checks import ch06 as check
 from course_lib.checks._predict import forget
 
 
-def step_ok(x_t, h, W_xh, W_hh, b):
-    return torch.tanh(x_t @ W_xh.T + h @ W_hh.T + b)
+def step_ok(x_t, h, W_xh, W_hh, b, alive=None):
+    new = torch.tanh(x_t @ W_xh.T + h @ W_hh.T + b)
+    return new if alive is None else torch.where(alive[:, None], new, h)
 
 
 def run_ok(x, W_xh, W_hh, b):
@@ -52,7 +53,8 @@ GENERIC_WRONG = [
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
-    (check.rnn_step, lambda x_t, h, W_xh, W_hh, b: recurrent.rnn_step(x_t, h, W_xh, W_hh, b)),
+    (check.rnn_step, lambda x_t, h, W_xh, W_hh, b, alive=None: recurrent.rnn_step(x_t, h, W_xh,
+                                                                                  W_hh, b)),
     (check.run_rnn, lambda x, W_xh, W_hh, b: _torch_rnn(x, W_hh.shape[0])),
     (check.gradient_vs_distance, lambda f, x: recurrent.gradient_vs_distance(f, x)),
 ]
@@ -71,6 +73,10 @@ def _torch_rnn(x, d_hidden):
     (lambda x, h, Wx, Wh, b: torch.tanh(x @ Wx.T + h @ Wh + b), "differs|untransposed"),
     (lambda x, h, Wx, Wh, b: step_ok(x, h, Wx, Wh, b)[0], "shape"),
     (lambda x, h, Wx, Wh, b: step_ok(x, h, Wx, Wh, b) * float("nan"), "NaN"),
+    (lambda x, h, Wx, Wh, b, alive=None: step_ok(x, h, Wx, Wh, b), "the ended ones too"),
+    (lambda x, h, Wx, Wh, b, alive=None: step_ok(x, h, Wx, Wh, b) if alive is None else
+     step_ok(x, h, Wx, Wh, b) * alive[:, None], "became 0"),
+    (lambda x, h, Wx, Wh, b: step_ok(x, h, Wx, Wh, b), "raised TypeError"),  # no alive argument
 ])
 def test_wrong_rnn_step(wrong, words):
     with pytest.raises(CheckFailure, match=words):

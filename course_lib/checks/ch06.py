@@ -43,7 +43,20 @@ def _step_cases(seed: int, hidden: bool) -> list:
     # torch's own RNN cell, whose two biases add up to b
     cell = {"x_t": randn(g, 2, 3), "h": randn(g, 2, 5), "W_xh": randn(g, 5, 3),
             "W_hh": randn(g, 5, 5), "b_ih": randn(g, 5), "b_hh": randn(g, 5)}
-    return cases + [dict(cell, b=cell["b_ih"] + cell["b_hh"])]
+    cases.append(dict(cell, b=cell["b_ih"] + cell["b_hh"]))
+    # a batch of sequences of different lengths: the ended ones (alive False) keep their summary
+    for B, d_in, d_h in [(4, 3, 5), (3, 2, 4)] + ([(6, 4, 4)] if hidden else []):
+        alive = torch.arange(B) % 2 == 0
+        cases.append(dict(_params(g, d_in, d_h), x_t=randn(g, B, d_in), h=randn(g, B, d_h),
+                          alive=alive))
+    return cases
+
+
+def _step_run(fn, case):
+    args = tuple(case[k] for k in ("x_t", "h", "W_xh", "W_hh", "b"))
+    if "alive" in case:
+        return call(fn, *args, case["alive"], name="rnn_step")
+    return call(fn, *args, name="rnn_step")
 
 
 def _rnn_cell(case: dict) -> torch.Tensor:
@@ -55,7 +68,7 @@ def _rnn_cell(case: dict) -> torch.Tensor:
         return cell(case["x_t"], case["h"])
 
 
-@function_check(1, args=("x_t", "h", "W_xh", "W_hh", "b"), cases=_step_cases,
+@function_check(1, run=_step_run, cases=_step_cases,
                 forbid=((recurrent, "rnn_step"), (nn.RNNCell, "forward")))
 def rnn_step(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
@@ -63,6 +76,18 @@ def rnn_step(cases: list, outcomes: list) -> str:
         want = _rnn_cell(case) if "b_ih" in case else _step(x_t, h, W_xh, W_hh, b)
         what = "rnn_step vs torch.nn.RNNCell" if "b_ih" in case else "rnn_step(...)"
         t = to_tensor(got, what, dtype=torch.float64)
+        if "alive" in case:
+            alive = case["alive"][:, None]
+            expect_shape(t, want.shape, what, hint="wanted (batch, d_hidden).")
+            if torch.allclose(t, want):
+                fail("rnn_step(..., alive) updated every sequence, the ended ones too: where "
+                     "alive is False the summary must stay h, unchanged.")
+            if torch.allclose(t, torch.where(alive, want, torch.zeros_like(want))):
+                fail("the ended sequences' summaries became 0: where alive is False the step "
+                     "must hand back h itself, so the summary survives the padding.")
+            expect_close(t, torch.where(alive, want, h), what, atol=1e-9,
+                         hint="rows with alive True take the new summary, the others keep h.")
+            continue
         expect_shape(t, want.shape, what, hint="wanted (batch, d_hidden): one new summary per "
                      "sequence.")
         pre = x_t @ W_xh.T + h @ W_hh.T + b
@@ -78,7 +103,8 @@ def rnn_step(cases: list, outcomes: list) -> str:
                  "token must meet its transpose.")
         expect_close(t, want, what, atol=1e-9,
                      hint="h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b).")
-    return "rnn_step: h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), the same as torch.nn.RNNCell."
+    return ("rnn_step: h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), the same as torch.nn.RNNCell, and "
+            "the sequences that have ended keep their summary.")
 
 
 # ---------------------------------------------------------------- exercise 2
@@ -291,7 +317,7 @@ def far_prediction(got: str) -> str:
             "whether you were right.")
 
 
-@value_check(6)
+@value_check(7)
 def rnn_far(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "rnn_far"), "rnn_far", 0, 1e30,
                       "a number (g[0] / g[-1])")
