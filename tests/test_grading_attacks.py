@@ -406,6 +406,13 @@ def test_what_a_submission_sends_back_is_bounded(attacked, name):
         assert len(e.feedback) <= FEEDBACK_CHARS and SECRET not in e.feedback, (mode, e)
 
 
+def test_a_submission_that_signals_the_grader_is_flagged_for_it(attacked):
+    mode, results, *_ = attacked
+    feedback = results["23_signals_the_grader.ipynb"].exercises[0].feedback
+    if mode == "no sandbox":  # in the sandbox it cannot even see the grader
+        assert "SIGTERM" in feedback and "to the grader (ignored)" in feedback, feedback
+
+
 def test_a_result_that_would_expand_in_memory_is_refused_before_it_is_read(attacked):
     mode, results, *_, grew_mb = attacked
     bomb = results.get("20_deflated_result_declaring_256_mib.ipynb")

@@ -103,6 +103,17 @@ def _pids() -> list[int]:
         return []
 
 
+def _token_of(pid: int) -> str | None:
+    """The run token in a process's environment, or None."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    mark = f"{RUN_TOKEN}=".encode()
+    return next((e[len(mark):].decode("ascii", "replace") for e in env if e.startswith(mark)),
+                None)
+
+
 def _carries(pid: int, token: str) -> bool:
     try:
         return f"{RUN_TOKEN}={token}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
@@ -186,7 +197,7 @@ class SignalShield:
     polls `interrupted` (set by a real Ctrl-C) and raises KeyboardInterrupt itself."""
 
     def __init__(self):
-        self.ignored: list[str] = []
+        self.ignored: list[tuple[str, str | None]] = []  # (signal, the sender's run token)
         self.interrupted = threading.Event()
         self._thread: threading.Thread | None = None
         self._on = False
@@ -210,7 +221,7 @@ class SignalShield:
                 break
             sender = info.si_pid
             if sender and sender != me and _descends_from(sender, me):
-                self.ignored.append(f"{signal.Signals(info.si_signo).name} from process {sender}")
+                self.ignored.append((signal.Signals(info.si_signo).name, _token_of(sender)))
                 continue
             if info.si_signo == signal.SIGINT:
                 self.interrupted.set()
@@ -218,6 +229,10 @@ class SignalShield:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, SHIELDED)
                 signal.signal(info.si_signo, signal.SIG_DFL)
                 os.kill(me, info.si_signo)
+
+    def sent_by(self, token: str) -> list[str]:
+        """The signals ignored that a process of the run with this token sent."""
+        return list(dict.fromkeys(sig for sig, t in self.ignored if t == token))
 
     def __exit__(self, *exc) -> None:
         if not self._on:

@@ -127,6 +127,7 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
     # Without a sandbox a kernel can signal the grader: catchable signals from its own
     # descendants are ignored (SignalShield), SIGSTOP is undone by a watchdog process.
     shield = guard.SignalShield() if unsafe else contextlib.nullcontext()
+    settings.shield = shield
     dog = guard.watchdog(settings.run_token) if unsafe else None
     try:
         with shield, ThreadPoolExecutor(max_workers=jobs) as pool:

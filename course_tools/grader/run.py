@@ -49,6 +49,7 @@ class Settings:
     watch: dict[str, list[str]] = field(default_factory=dict)  # path -> [sha256, snapshot name]
     per_cell: set[str] = field(default_factory=set)  # watched after every cell
     run_token: str = field(default_factory=lambda: secrets.token_hex(8))  # marks its processes
+    shield: object | None = None  # the grade's guard.SignalShield, without a sandbox
 
     def __post_init__(self):
         import course_lib
@@ -218,6 +219,9 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings,
     finally:  # whatever the submission started, in any session or group: nothing outlives it
         guard.kill_run(proc.pid, run_token)
         kill_group(proc.pid)
+    sent = settings.shield.sent_by(run_token) if hasattr(settings.shield, "sent_by") else []
+    if sent:
+        result.flags.append(f"the submission sent {', '.join(sent)} to the grader (ignored)")
     if out.strip():
         result.flags.append(
             f"something wrote {len(out)} bytes into the grading worker's output (a forged result?)"
