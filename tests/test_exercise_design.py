@@ -18,6 +18,7 @@ expected to fail (xfail, not strict). Remove your chapter from it once its set i
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import io
 import re
@@ -425,6 +426,7 @@ def test_each_listed_wrong_answer_fails_with_named_feedback(check_id, wrong, wor
     assert words in str(info.value), str(info.value)
 
 
+@functools.cache
 def _lecture_code() -> list[tuple[str, int, list[str]]]:
     return [(lec.name, j, tokens(c.source)) for lec in LECTURES
             for j, c in enumerate(_load(lec).cells) if c.cell_type == "code"]
@@ -503,3 +505,33 @@ def test_no_debug_title_or_first_hint_names_its_bug(path):
                          for where, text in (("the title", first), ("tier 1", tier1))
                          if w in text]
     assert not problems, "\n".join(problems)
+
+
+@functools.cache
+def _sources() -> dict:
+    from course_tools import grader as grading
+    return grading.load_sources(ROOT / "solutions")
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=IDS)
+def test_the_graders_review_of_commits_passes_the_solution_and_fails_the_blank(path):
+    """course_tools/grader/predictions.review judges each commit on the record the notebook
+    carries: the executed solution's records pass, the blank exercise (no record) does not."""
+    import json
+
+    from course_tools import grader as grading
+    from course_tools.grader import predictions
+    from course_tools.grader.probes import Verdict
+
+    if "📌 Recorded" not in path.read_text(encoding="utf-8"):
+        pytest.skip("no committed prediction in this set")
+    source = _sources()[path.name]
+    for folder, want in (("solutions", True), ("exercises", False)):
+        nb = json.loads((ROOT / folder / path.name).read_text(encoding="utf-8"))
+        plan = grading.assemble(source, nb, hidden=True)
+        verdicts = {i: Verdict(True, "re-run", []) for i, c in enumerate(plan.cells)
+                    if c.role == "probe"}
+        judged = {plan.cells[i].grade_id: v for i, v in
+                  predictions.review(nb, plan, verdicts).items() if v.message != "re-run"}
+        assert all(v.passed is want for v in judged.values()), (
+            folder, {g: v.message for g, v in judged.items()})
