@@ -241,10 +241,9 @@ def test_course_wide_kind_counts():
 # says its kind, difficulty, minutes and points (the points the grader gives), and no lecture
 # names a debug exercise's bug.
 #
-# PENDING: chapters whose sets are still being converted (H4b: 06-10). Remove a chapter when it
-# passes. CLOSING_PENDING: lectures whose closing "Exercises:" paragraph still waits for its
-# owner to apply /tmp/coord/closing_NN.md.
-PENDING: set[str] = {"06", "07", "08", "09", "10"}
+# PENDING: chapters whose exercise sets are still being converted (none now); CLOSING_PENDING:
+# lectures whose closing "Exercises:" paragraph is still being rewritten (none now).
+PENDING: set[str] = set()
 CLOSING_PENDING: set[str] = set()
 LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 HEADING = re.compile(r"^\*(Build|Predict|Debug|Experiment|Puzzle) · (easy|medium|hard) · "
@@ -258,6 +257,15 @@ DEBUG_BUGS: dict[str, tuple[str, ...]] = {
     "ch04_causal_attention": ("one diagonal late", "off by one", "off-by-one", "diagonal=2"),
     "ch05_merge_heads": ("forgets to move the head axis", "move the head axis back",
                          "without moving the head axis", "reshapes without a transpose"),
+    "ch06_run_rnn": ("never carries its summary", "never hands the new summary",
+                     "never passes the summary", "step applied to the zero state"),
+    "ch07_rope": ("concatenates the halves", "concatenating instead of interleaving",
+                  "instead of interleaving"),
+    "ch08_triton_inner_step": ("forgets to rescale", "never rescales acc", "acc is not rescaled",
+                               "forgets the other"),
+    "ch09_recurrence": ("reads the state before", "before the token is added",
+                        "order of the lines inside the loop"),
+    "ch10_ablate": ("zeroes rows of w_o", "rows instead of columns", "w[head * d_head"),
 }
 
 
