@@ -9,7 +9,7 @@ import torch
 from course_lib.models import TinyTransformer
 from course_lib.models.recall import RecurrentModel
 from course_lib.stacking import pretrained
-from course_lib.stacking.pronoun import PronounTask
+from course_lib.stacking.pronoun import PairsTask
 from course_lib.stacking.text import CharTokenizer, corpus_text
 
 NAMES = list(pretrained.SPECS)
@@ -39,15 +39,35 @@ def test_shipped_weights_are_small():
 def test_the_recorded_results_are_what_the_lecture_relies_on():
     assert pretrained.record("induction_2layer")["result"]["test_accuracy"] > 0.95
     assert pretrained.record("induction_1layer")["result"]["test_accuracy"] < 0.3
-    for name in ("pronoun_transformer", "pronoun_gru"):
-        assert min(pretrained.record(name)["result"].values()) > 0.9
+    attention = pretrained.record("pairs_transformer")["result"]
+    gru = pretrained.record("pairs_gru")["result"]
+    asked_first = pretrained.record("pairs_gru_question_first")["result"]
+    m_max = pretrained.SPECS["pairs_gru"]["task_args"]["max_pairs"]
+    assert min(attention[f"accuracy_m{m}"] for m in range(1, m_max + 1)) > 0.9
+    assert gru[f"accuracy_big_m{m_max}"] < 0.5 < gru["accuracy_m1"]  # the GRU falls with m ...
+    assert min(asked_first[f"accuracy_m{m}"] for m in range(1, m_max + 1)) > 0.9  # or asked first
 
 
-def test_pronoun_specs_fit_the_task():
-    task = PronounTask(**pretrained.SPECS["pronoun_transformer"]["task_args"])
-    assert pretrained.SPECS["pronoun_transformer"]["model_args"]["vocab_size"] == task.vocab_size
-    assert pretrained.SPECS["pronoun_transformer"]["model_args"]["max_len"] == task.n
-    assert pretrained.SPECS["pronoun_gru"]["model_args"]["num_classes"] == task.vocab_size
+@pytest.mark.parametrize("name", NAMES)
+def test_shipped_weights_reproduce_their_recorded_results(name):
+    record = pretrained.record(name)
+    model = pretrained.load(name)
+    again = pretrained.measure(name, model, record["spec"], record["chars"])
+    assert again.keys() == record["result"].keys()
+    for key, value in record["result"].items():  # another CPU may flip a near-tie or two
+        assert again[key] == pytest.approx(value, abs=0.011 if "accuracy" in key else 2e-3), key
+
+
+def test_pairs_specs_fit_the_task():
+    for name in ("pairs_transformer", "pairs_gru", "pairs_gru_question_first"):
+        spec = pretrained.SPECS[name]
+        task = PairsTask(**spec["task_args"])
+        assert spec["model_args"]["vocab_size"] == task.vocab_size
+        assert spec["model_args"].get("max_len", task.n) == task.n
+        assert spec["model_args"].get("num_classes", task.vocab_size) == task.vocab_size
+    # the same GRU and the same budget, asked the other way round
+    gru, first = pretrained.SPECS["pairs_gru"], pretrained.SPECS["pairs_gru_question_first"]
+    assert gru["model_args"] == first["model_args"] and gru["steps"] == first["steps"]
 
 
 def test_the_text_model_keeps_its_own_alphabet():
@@ -62,7 +82,7 @@ def test_the_text_model_keeps_its_own_alphabet():
 
 
 def test_the_short_version_of_the_command_runs_and_writes_loadable_files(tmp_path, capsys):
-    names = ["induction_2layer", "pronoun_gru", "text"]
+    names = ["induction_2layer", "pairs_gru", "text"]
     assert pretrained.main(["--quick", "--out", str(tmp_path), *names]) == 0
     out = capsys.readouterr().out
     for name in names:
@@ -71,6 +91,16 @@ def test_the_short_version_of_the_command_runs_and_writes_loadable_files(tmp_pat
         assert record["spec"] == pretrained.SPECS[name]
         assert f"{name}: {pretrained.QUICK_STEPS} steps" in out
         pretrained.load(name, tmp_path)
+
+
+def test_another_seed_writes_a_record_and_no_weights(tmp_path, capsys):
+    assert pretrained.main(["--quick", "--out", str(tmp_path), "--seed", "3", "pairs_gru"]) == 0
+    assert not list(tmp_path.glob("*.pt"))
+    record = pretrained.record("pairs_gru", tmp_path, seed=3)
+    assert record["spec"] == {**pretrained.SPECS["pairs_gru"], "seed": 3}
+    assert record["command"] == "python -m course_lib.stacking.pretrained pairs_gru --seed 3"
+    with pytest.raises(FileNotFoundError, match="--seed 4"):
+        pretrained.record("pairs_gru", tmp_path, seed=4)
 
 
 def test_the_command_is_seeded():

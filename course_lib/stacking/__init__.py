@@ -2,8 +2,9 @@
 
     induction   ... A B ... A -> B: a task one layer cannot solve and two can; previous-token and
                 induction scores of heads; zeroing one head (an ablation)
-    pronoun     the trophy and the suitcase: a templated language where "it" needs two earlier
-                candidates and a property word; accuracy against the distance to the candidates
+    pronoun     the trophy and the suitcase: templated languages where "it" needs earlier
+                candidates and a property word; PairsTask lists m (thing, container) pairs before
+                the question, so a running summary would have to keep all of them
     text        real English offline: CPython's reference manual (pydoc_data.topics), characters
                 as tokens; what each head of a trained model does on a real sentence
     pretrained  the small trained models the lecture loads, and the seeded command that makes them:

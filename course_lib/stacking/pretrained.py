@@ -1,6 +1,6 @@
 """The small trained models of chapter 10, and the seeded command that makes them.
 
-Training them took about 40 minutes in all on a busy 2-core machine (each record keeps its
+Training them took about an hour in all on a busy 2-core machine (each record keeps its
 seconds), far longer than a lecture may run, so the course ships their weights
 (`course_lib/data/ch10_<name>.pt`, a plain state dict) with a record of how each was made
 (`ch10_<name>.json`: the configuration, the seed, the steps, the result). To make them again
@@ -10,9 +10,16 @@ seconds), far longer than a lecture may run, so the course ships their weights
     python -m course_lib.stacking.pretrained text --out DIR   # one model, elsewhere
     python -m course_lib.stacking.pretrained --quick --out DIR   # a few steps each (the test)
 
+    python -m course_lib.stacking.pretrained pairs_gru --seed 1   # a record only, no weights
+
     induction_1layer, induction_2layer   same width and budget, 1 vs 2 layers
-    pronoun_transformer, pronoun_gru     the trophy-and-suitcase task, attention vs recurrence
+    pairs_transformer, pairs_gru         m (thing, container) pairs, then the question: attention
+                                         vs recurrence of about the same size and budget
+    pairs_gru_question_first             the same GRU, the question asked before the pairs
     text                                 characters of CPython's reference manual
+
+Seeds other than a spec's own are kept as records (`ch10_<name>_seed<k>.json`, the measured
+results), not weights: the lecture prints their spread.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from course_lib.models import TinyTransformer
 from course_lib.models.recall import RecurrentModel
 from course_lib.stacking import text as text_mod
 from course_lib.stacking.induction import induction_batch
-from course_lib.stacking.pronoun import PronounTask, accuracy_by_filler
+from course_lib.stacking.pronoun import PairsTask, accuracy_by_pairs
 from course_lib.train import evaluate, train
 from course_lib.validate import check_choice
 
@@ -41,7 +48,10 @@ CURVE_EVERY = 10
 
 _INDUCTION_TASK = {"segment": 8, "gap": 8, "vocab": 32}
 _INDUCTION_MODEL = {"vocab_size": 32, "d_model": 32, "num_heads": 4, "max_len": 24}
-_PRONOUN_TASK = {"max_filler": 24}
+_PAIRS_TASK = {"max_pairs": 4}
+_PAIRS_GRU = {"vocab_size": 39, "num_classes": 39, "d_hidden": 128, "kind": "gru",
+              "d_embed": 32}
+EXTRA_SEEDS = (1, 2)  # the pairs models are also trained with these (records only)
 
 SPECS: dict[str, dict] = {
     "induction_1layer": {"task": "induction", "task_args": _INDUCTION_TASK,
@@ -52,15 +62,16 @@ SPECS: dict[str, dict] = {
                          "model": "TinyTransformer",
                          "model_args": {**_INDUCTION_MODEL, "num_layers": 2},
                          "steps": 800, "batch": 64, "lr": 3e-3, "seed": 0},
-    "pronoun_transformer": {"task": "pronoun", "task_args": _PRONOUN_TASK,
-                            "model": "TinyTransformer",
-                            "model_args": {"vocab_size": 44, "d_model": 64, "num_heads": 4,
-                                           "num_layers": 2, "max_len": 42},
-                            "steps": 1500, "batch": 64, "lr": 3e-3, "seed": 0},
-    "pronoun_gru": {"task": "pronoun", "task_args": _PRONOUN_TASK, "model": "RecurrentModel",
-                    "model_args": {"vocab_size": 44, "num_classes": 44, "d_hidden": 160,
-                                   "kind": "gru", "d_embed": 32},
-                    "steps": 1500, "batch": 64, "lr": 3e-3, "seed": 0},
+    "pairs_transformer": {"task": "pairs", "task_args": _PAIRS_TASK, "model": "TinyTransformer",
+                          "model_args": {"vocab_size": 39, "d_model": 48, "num_heads": 4,
+                                         "num_layers": 2, "max_len": 29},
+                          "steps": 3000, "batch": 64, "lr": 3e-3, "seed": 0},
+    "pairs_gru": {"task": "pairs", "task_args": _PAIRS_TASK, "model": "RecurrentModel",
+                  "model_args": _PAIRS_GRU, "steps": 3000, "batch": 64, "lr": 3e-3, "seed": 0},
+    "pairs_gru_question_first": {"task": "pairs",
+                                 "task_args": {**_PAIRS_TASK, "question_first": True},
+                                 "model": "RecurrentModel", "model_args": _PAIRS_GRU,
+                                 "steps": 3000, "batch": 64, "lr": 3e-3, "seed": 0},
     "text": {"task": "text", "task_args": {"n": 96, "held_out": 0.1}, "model": "TinyTransformer",
              "model_args": {"vocab_size": None, "d_model": 96, "num_heads": 4, "num_layers": 3,
                             "max_len": 256},
@@ -82,8 +93,8 @@ def _batch_fn(spec: dict, chars: str | None):
     t, batch = spec["task_args"], spec["batch"]
     if spec["task"] == "induction":
         return lambda g: induction_batch(g, batch, **t)
-    if spec["task"] == "pronoun":
-        task = PronounTask(**t)
+    if spec["task"] == "pairs":
+        task = PairsTask(**t)
         return lambda g: task.batch(g, batch)
     tokenizer = text_mod.CharTokenizer(chars)
     train_ids, _ = text_mod.split(tokenizer.encode(text_mod.corpus_text()), t["held_out"])
@@ -96,9 +107,12 @@ def measure(name: str, model: torch.nn.Module, spec: dict, chars: str | None = N
     if spec["task"] == "induction":
         tokens, targets = induction_batch(torch.Generator().manual_seed(123), 512, **t)
         return {"test_accuracy": round(evaluate(model, tokens, targets), 4)}
-    if spec["task"] == "pronoun":
-        by = accuracy_by_filler(model, PronounTask(**t), 100, fillers=(0, t["max_filler"]))
-        return {f"accuracy_filler_{k}": round(v, 4) for k, v in by.items()}
+    if spec["task"] == "pairs":
+        task = PairsTask(**t)
+        every = accuracy_by_pairs(model, task, 200)
+        big = accuracy_by_pairs(model, task, 200, adj="big")
+        return {**{f"accuracy_m{m}": round(v, 4) for m, v in every.items()},
+                **{f"accuracy_big_m{m}": round(v, 4) for m, v in big.items()}}
     tokenizer = text_mod.CharTokenizer(chars)
     _, held = text_mod.split(tokenizer.encode(text_mod.corpus_text()), t["held_out"])
     tokens, targets = text_mod.text_batch(held, torch.Generator().manual_seed(123), 64, t["n"])
@@ -110,9 +124,11 @@ def measure(name: str, model: torch.nn.Module, spec: dict, chars: str | None = N
     return {"held_out_loss": round(float(loss), 4)}
 
 
-def make(name: str, quick: bool = False, progress: bool = True):
-    """Train model `name` from its spec; return (model, record)."""
+def make(name: str, quick: bool = False, progress: bool = True, seed: int | None = None):
+    """Train model `name` from its spec (with another seed if given); return (model, record)."""
     spec = copy.deepcopy(SPECS[name])
+    if seed is not None:
+        spec["seed"] = seed
     chars = None
     if spec["task"] == "text":
         chars = text_mod.CharTokenizer.from_text(text_mod.corpus_text()).chars
@@ -132,26 +148,35 @@ def make(name: str, quick: bool = False, progress: bool = True):
               "seconds": round(time.perf_counter() - start, 1),
               "made_with": {"torch": torch.__version__, "python": platform.python_version(),
                             "threads": 1, "device": "cpu"},
-              "command": f"python -m course_lib.stacking.pretrained {name}"}
+              "command": f"python -m course_lib.stacking.pretrained {name}"
+                         + ("" if seed is None else f" --seed {seed}")}
     return model, record
 
 
-def save(model: torch.nn.Module, record: dict, folder: Path = DATA) -> Path:
+def save(model: torch.nn.Module, record: dict, folder: Path = DATA,
+         seed: int | None = None) -> Path:
+    """Write the weights and the record; with `seed`, the record alone (`_seed<k>.json`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    if seed is not None:
+        path = folder / f"ch10_{record['name']}_seed{seed}.json"
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        return path
     path = folder / f"ch10_{record['name']}.pt"
     torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, path)
     (folder / f"ch10_{record['name']}.json").write_text(json.dumps(record, indent=1) + "\n")
     return path
 
 
-def record(name: str, folder: Path = DATA) -> dict:
-    """The JSON record shipped with model `name`."""
-    path = Path(folder) / f"ch10_{name}.json"
+def record(name: str, folder: Path = DATA, seed: int | None = None) -> dict:
+    """The JSON record shipped with model `name` (of another seed's run, if given)."""
     check_choice(name, "name", sorted(SPECS))
+    tail = "" if seed is None else f"_seed{seed}"
+    path = Path(folder) / f"ch10_{name}{tail}.json"
     if not path.exists():
+        again = "" if seed is None else f" --seed {seed}"
         raise FileNotFoundError(f"{path} is missing: make it with "
-                                f"`python -m course_lib.stacking.pretrained {name}`")
+                                f"`python -m course_lib.stacking.pretrained {name}{again}`")
     return json.loads(path.read_text())
 
 
@@ -173,13 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help=f"any of {', '.join(SPECS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps each (tests)")
     parser.add_argument("--out", type=Path, default=DATA, help=f"folder (default {DATA})")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="train with this seed instead and write its record only")
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in SPECS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {', '.join(SPECS)}")
     for name in args.names or list(SPECS):
-        model, rec = make(name, quick=args.quick, progress=sys.stderr.isatty())
-        path = save(model, rec, args.out)
+        model, rec = make(name, quick=args.quick, progress=sys.stderr.isatty(), seed=args.seed)
+        path = save(model, rec, args.out, seed=args.seed)
         print(f"{name}: {rec['steps_done']} steps in {rec['seconds']} s, {rec['result']} -> {path}")
     return 0
 

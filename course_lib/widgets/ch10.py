@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-import numpy as np
 import torch
 
 from course_lib.widgets._base import Explorer
+from course_lib.widgets.ch05 import draw_masked_weights
 
 
 def _label(c: str) -> str:
@@ -42,11 +41,9 @@ def layer_head_explorer(weights: torch.Tensor, labels: Sequence[str],
 
     def draw(fig, layer, head):
         ax = fig.add_subplot()
-        shown = w[layer, head].numpy()
-        blocked = np.triu(np.ones((n, n), dtype=bool), 1) & (shown == 0)  # the causal mask
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_bad("0.85")  # masked cells in grey, not as a weight of 0
-        image = ax.imshow(np.ma.masked_array(shown, mask=blocked), cmap=cmap, vmin=0, vmax=1)
+        shown = w[layer, head]
+        blocked = torch.ones(n, n, dtype=torch.bool).triu(1) & (shown == 0)  # the causal mask
+        image = draw_masked_weights(ax, shown, ~blocked)  # masked: a grey x, not a weight of 0
         ax.set_xticks(range(n), labels, fontsize=7)
         ax.set_yticks(range(n), labels, fontsize=7)
         ax.set_xlabel("key character (attended to)")
@@ -58,7 +55,7 @@ def layer_head_explorer(weights: torch.Tensor, labels: Sequence[str],
             score = f" {row[job]:.2f}" if job in row else ""
             title += f": {job}{score}"
         ax.set_title(title)
-        label = "attention weight (grey = masked)" if blocked.any() else "attention weight"
+        label = "attention weight (x = masked)" if blocked.any() else "attention weight"
         fig.colorbar(image, ax=ax, label=label, fraction=0.046, pad=0.04)
 
     controls = {
