@@ -63,6 +63,12 @@ def _kernel_manager_class():
         memory_mb = 0
         sandbox: list[str] = []  # the bwrap command up to its "--", or [] without a sandbox
 
+        def client(self, **kwargs):
+            # The client's sockets come from the manager's context (guard.message_context,
+            # which drops over-large messages), not from a fresh default one.
+            kwargs.setdefault("context", self.context)
+            return super().client(**kwargs)
+
         def format_kernel_cmd(self, extra_arguments=None):
             # Always this environment's ipykernel (never whatever a "python3" kernelspec names).
             cmd = [
