@@ -31,7 +31,18 @@ def explorer():
 
 
 def shown(explorer):
-    return np.asarray(explorer.figure.axes[0].images[0].get_array())
+    """The drawn weights, with the masked cells (not-a-number: drawn as x) read as 0."""
+    return np.nan_to_num(np.asarray(explorer.figure.axes[0].images[0].get_array(), dtype=float))
+
+
+def test_masked_cells_are_drawn_as_x_not_as_weight_0(explorer):
+    drawn = np.asarray(explorer.figure.axes[0].images[0].get_array(), dtype=float)
+    n = drawn.shape[0]
+    above = np.triu(np.ones((n, n), dtype=bool), 1)  # a causal map: every later key is masked
+    assert np.isnan(drawn[above]).all() and not np.isnan(drawn[~above]).any()
+    crosses = explorer.figure.axes[0].collections[0].get_offsets()
+    assert len(crosses) == above.sum()
+    assert "masked" in explorer.figure.axes[1].get_ylabel()
 
 
 def test_layer_and_head_selectors_redraw_the_chosen_map(explorer):
