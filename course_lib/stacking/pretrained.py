@@ -18,8 +18,8 @@ seconds), far longer than a lecture may run, so the course ships their weights
     pairs_gru_question_first             the same GRU, the question asked before the pairs
     text                                 characters of CPython's reference manual
 
-Seeds other than a spec's own are kept as records (`ch10_<name>_seed<k>.json`, the measured
-results), not weights: the lecture prints their spread.
+`--seed K` trains with another seed and writes only its record (`ch10_<name>_seed<K>.json`, the
+measured results), not weights: for checking how much a result moves with the seed.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ _INDUCTION_MODEL = {"vocab_size": 32, "d_model": 32, "num_heads": 4, "max_len": 
 _PAIRS_TASK = {"max_pairs": 4}
 _PAIRS_GRU = {"vocab_size": 39, "num_classes": 39, "d_hidden": 128, "kind": "gru",
               "d_embed": 32}
-EXTRA_SEEDS = (1, 2)  # the pairs models are also trained with these (records only)
 
 SPECS: dict[str, dict] = {
     "induction_1layer": {"task": "induction", "task_args": _INDUCTION_TASK,
