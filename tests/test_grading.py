@@ -362,8 +362,8 @@ def test_a_test_cell_that_is_not_only_check_calls_runs_in_the_kernel(fixture_cou
 # forbid: an answer that runs the course's own reference is flagged, in every alias form
 
 
-def _own_soft_lookup(q, k, v, t=1.0):
-    s = k @ q / t
+def _own_soft_lookup(q, k, v, t=1.0):  # chapter 01 scores keys by closeness (issue 22)
+    s = -((k - q) ** 2).sum(axis=-1) / t
     e = np.exp(s - s.max())
     w = e / e.sum()
     return w @ v, w
