@@ -485,3 +485,25 @@ def test_without_a_sandbox_course_grade_refuses_unless_told_so_unsafely(course):
     old = subprocess.run([*cmd, "--no-sandbox"], capture_output=True, text=True, env=env,
                          timeout=120)
     assert old.returncode == 2 and "now --unsafe-no-sandbox" in old.stderr
+
+
+def test_start_up_code_left_in_site_packages_is_removed_and_named(tmp_path):
+    """Without a sandbox a kernel can write site-packages: a sitecustomize.py (or .pth) dropped
+    there would run in every later kernel. The grader's SiteWatch takes it away after the
+    submission and names it (here on a folder of its own, never the real site-packages)."""
+    from course_tools.grader.guard import SiteWatch
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "honest.pth").write_text("/somewhere\n")
+    watch = SiteWatch([str(site)], tmp_path / "quarantine")
+    assert watch.check() == []
+    (site / "sitecustomize.py").write_text("import builtins; builtins.len = lambda x: 3\n")
+    (site / "honest.pth").write_text("import os; os.system('true')\n")
+    found = watch.check()
+    assert len(found) == 2 and "sitecustomize.py" in " ".join(found), found
+    assert "honest.pth (left in place" in " ".join(found)  # pip writes .pth files too
+    assert not (site / "sitecustomize.py").exists()
+    (site / "sitecustomize.py").write_text("x = 1\n")
+    (site / "sitecustomize.py").unlink()
+    assert watch.check() == []

@@ -295,3 +295,65 @@ def watchdog(token: str) -> subprocess.Popen | None:
                                 stdout=subprocess.DEVNULL, env={"PATH": os.defpath})
     except OSError:
         return None
+
+
+# ------------------------------------------------- start-up files in shared places (no sandbox)
+
+STARTUP_FILES = ("sitecustomize.py", "usercustomize.py")
+
+
+def site_dirs() -> list[str]:
+    """Where Python looks for start-up code that every later kernel would run: the
+    site-packages folders of the grader's interpreter (the kernels run the same one)."""
+    import site
+
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    return sorted({os.path.realpath(d) for d in dirs if os.path.isdir(d)})
+
+
+class SiteWatch:
+    """Without a sandbox a kernel may drop a `sitecustomize.py`, `usercustomize.py` or `.pth`
+    file into site-packages, which every later kernel would run at start (a blank scored 3/15
+    that way). `check()` after each submission: a new start-up module is moved out of the way
+    (into `quarantine`) and a changed one is put back; a new or changed `.pth` is only named
+    (pip writes them too, and a package installed meanwhile must not lose its own). Each is
+    named, to flag that submission."""
+
+    def __init__(self, dirs: list[str], quarantine: Path):
+        self.dirs, self.quarantine = dirs, quarantine
+        self.files = self._listing()  # path -> bytes
+        self._lock = threading.Lock()  # submissions finish in several threads
+
+    def _listing(self) -> dict[str, bytes]:
+        found = {}
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(d):
+                    if entry.name in STARTUP_FILES or entry.name.endswith(".pth"):
+                        with contextlib.suppress(OSError):
+                            found[entry.path] = Path(entry.path).read_bytes()
+        return found
+
+    def check(self) -> list[str]:
+        with self._lock:
+            return self._check()
+
+    def _check(self) -> list[str]:
+        found = []
+        now = self._listing()
+        for path, data in now.items():
+            if path.endswith(".pth"):
+                if self.files.get(path) != data:
+                    found.append(f"wrote the start-up file {path} (left in place: look at it)")
+                    self.files[path] = data
+                continue
+            if path not in self.files:
+                self.quarantine.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(OSError):
+                    os.replace(path, self.quarantine / f"{len(found)}-{Path(path).name}")
+                found.append(f"put start-up code for every later kernel in {path} (removed)")
+            elif data != self.files[path]:
+                with contextlib.suppress(OSError):
+                    Path(path).write_bytes(self.files[path])
+                found.append(f"changed the start-up file {path} (put back)")
+        return found

@@ -50,6 +50,7 @@ class Settings:
     per_cell: set[str] = field(default_factory=set)  # watched after every cell
     run_token: str = field(default_factory=lambda: secrets.token_hex(8))  # marks its processes
     shield: object | None = None  # the grade's guard.SignalShield, without a sandbox
+    site: guard.SiteWatch | None = None  # start-up files in site-packages, without a sandbox
 
     def __post_init__(self):
         import course_lib
@@ -87,6 +88,7 @@ class Settings:
         for src, dst in copies:
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
         self.python_path = [str(live), *(str(dst) for _, dst in copies[1:])]
+        self.site = guard.SiteWatch(guard.site_dirs(), self.snapshot / "quarantine")
         originals = self.snapshot / "originals"
         originals.mkdir()
         files = [q for _, dst in copies for q in dst.rglob("*") if q.is_file()]
@@ -237,6 +239,8 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings,
         )
     if settings.snapshot is not None:
         result.flags += [f"changed the course file {p}" for p in settings.restore()]
+    if settings.site is not None:
+        result.flags += settings.site.check()
     if len(result.statuses) < n:
         reason = result.error or "not run"
         result.statuses += [{"status": "skipped", "reason": reason}] * (n - len(result.statuses))
