@@ -58,6 +58,17 @@ def test_shipped_weights_reproduce_their_recorded_results(name):
         assert again[key] == pytest.approx(value, abs=0.011 if "accuracy" in key else 2e-3), key
 
 
+@pytest.mark.parametrize("name", ["pairs_transformer", "pairs_gru", "pairs_gru_question_first"])
+def test_the_other_seeds_are_shipped_as_records_of_the_same_spec(name):
+    for seed in (1, 2):
+        record = pretrained.record(name, seed=seed)
+        assert record["spec"] == {**pretrained.SPECS[name], "seed": seed}
+        assert record["steps_done"] == record["spec"]["steps"]
+        assert record["command"] == f"python -m course_lib.stacking.pretrained {name} --seed {seed}"
+        assert record["result"].keys() == pretrained.record(name)["result"].keys()
+    assert not list(pretrained.DATA.glob(f"ch10_{name}_seed*.pt"))  # records, not weights
+
+
 def test_pairs_specs_fit_the_task():
     for name in ("pairs_transformer", "pairs_gru", "pairs_gru_question_first"):
         spec = pretrained.SPECS[name]
