@@ -174,10 +174,12 @@ FILL_DISK = (  # 8 MB files until something stops it
     "    with open(f'fill-{k}', 'wb') as f:\n"
     "        f.write(bytes(8 << 20))\n"
     "    k += 1\n")
-SIGNAL_GRADER = (  # find the grader among the parents (not the worker): stop it, end it
+SIGNAL_GRADER = (  # find the grader among the parents (the worker's parent): stop it, end it
+    # (The grader is the process above the grading worker, whatever its command line: under
+    # pytest-xdist it is an execnet worker, and the pytest above it must never be signalled.)
     "import os, signal\n" + SOLVED["fx_double"] + "\n"
-    "pid = os.getpid()\n"
-    "for _ in range(10):\n"
+    "pid, below_worker = os.getpid(), False\n"
+    "for _ in range(12):\n"
     "    try:\n"
     "        pid = int(open(f'/proc/{pid}/status').read().split('PPid:')[1].split()[0])\n"
     "        cmd = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
@@ -185,7 +187,9 @@ SIGNAL_GRADER = (  # find the grader among the parents (not the worker): stop it
     "        break\n"
     "    if pid <= 1:\n"
     "        break\n"
-    "    if b'worker' not in cmd and (b'pytest' in cmd or b'grade' in cmd):\n"
+    "    if b'course_tools.grader.worker' in cmd:\n"
+    "        below_worker = True\n"
+    "    elif below_worker:\n"
     "        for sig in ('SIGSTOP', 'SIGTERM', 'SIGHUP', 'SIGUSR1', 'SIGINT', 'SIGQUIT'):\n"
     "            os.kill(pid, getattr(signal, sig))\n"
     "        break\n")
@@ -254,15 +258,11 @@ def attacked(course, request):
     """ONE grade of the attacks per mode (in name order, jobs=1: the blank comes last)."""
     root, solutions, pylib, subs = course
     before = _digests(subs, solutions, pylib)
-    lines = []
     files = [subs] if request.param == "sandbox" else [subs / n for n in UNSANDBOXED]
-    peak = _peak_mb()
     with _environment(COURSE_H5_SECRET=SECRET):
-        results = grading.grade(files, timeout=TIMEOUT, memory_mb=MEMORY_MB, jobs=1,
-                                solutions_dir=solutions, python_path=[pylib],
-                                sandbox=request.param == "sandbox", warn=lines.append,
-                                disk_mb=DISK_MB)
-    grew_mb = _peak_mb() - peak
+        results, lines, grew_mb = _grade_alone(
+            files, timeout=TIMEOUT, memory_mb=MEMORY_MB, jobs=1, solutions_dir=solutions,
+            python_path=[pylib], sandbox=request.param == "sandbox", disk_mb=DISK_MB)
     after = _digests(subs, solutions, pylib)
     stray = [p for p in ("/tmp/pwned.txt", "/tmp/pwned-by-pickle", str(Path.home() / "pwned.txt"))
              if Path(p).exists()]
@@ -272,8 +272,35 @@ def attacked(course, request):
         lines, stray, _lingering(), grew_mb
 
 
+def _grade(queue, files, kwargs) -> None:
+    peak, lines = _peak_mb(), []
+    results = grading.grade(files, warn=lines.append, **kwargs)
+    queue.put((results, lines, _peak_mb() - peak))
+
+
+def _grade_alone(files, **kwargs):
+    """grade() as `course grade` runs it: in a process whose only thread is the grading one.
+    (pytest-xdist's worker has an I/O thread, and a process-directed signal a submission sends
+    to the grader would be taken by that thread, which the grader's signal shield does not
+    cover, and end the test run.) A forked child has only the thread that forked; where fork
+    is not available, grade() runs here."""
+    import multiprocessing
+    if "fork" not in multiprocessing.get_all_start_methods():
+        peak, lines = _peak_mb(), []
+        results = grading.grade(files, warn=lines.append, **kwargs)
+        return results, lines, _peak_mb() - peak
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_grade, args=(queue, files, kwargs))
+    child.start()
+    try:
+        return queue.get(timeout=1800)
+    finally:
+        child.join(timeout=60)
+
+
 def _peak_mb() -> int:
-    """This process's peak memory so far (the grader's: grade() runs here), in MB."""
+    """This process's peak memory so far, in MB (taken around grade() where it runs)."""
     try:
         import resource
     except ImportError:  # Windows
