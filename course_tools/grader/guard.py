@@ -194,7 +194,12 @@ class SignalShield:
     The shielded signals are blocked in every thread and taken by one thread with
     `sigwaitinfo`, which tells who sent them. The worker unblocks them first thing, so kernels
     start with none blocked. Use as a context manager around the grading; the waiting loop
-    polls `interrupted` (set by a real Ctrl-C) and raises KeyboardInterrupt itself."""
+    polls `interrupted` (set by a real Ctrl-C) and raises KeyboardInterrupt itself.
+
+    A thread that was already running when the shield went up keeps its own signal mask, and the
+    kernel may hand it a signal meant for the process: embed `grade()` in a process whose only
+    thread is the caller's (the `course grade` command is; pytest-xdist's worker is not, so the
+    attack tests grade in a forked child)."""
 
     def __init__(self):
         self.ignored: list[tuple[str, str | None]] = []  # (signal, the sender's run token)
