@@ -16,8 +16,6 @@ from course_lib.stacking.induction import (
 )
 from course_lib.stacking.pronoun import (
     PairsTask,
-    PronounTask,
-    accuracy_by_filler,
     accuracy_by_pairs,
 )
 from course_lib.stacking.text import (
@@ -137,59 +135,6 @@ def test_head_scores_and_attention_weights_have_one_row_per_layer():
     torch.testing.assert_close(w.sum(-1), torch.ones(3, 5, 2, 24))
     scores = head_scores(model, tokens)
     assert scores["previous"].shape == scores["induction"].shape == (3, 2)
-
-
-# ---------------------------------------------------------------- the trophy and the suitcase
-
-def test_pronoun_sentences_follow_the_rule_and_have_one_length():
-    task = PronounTask(max_filler=6)
-    tokens, targets = task.batch(torch.Generator().manual_seed(0), 200)
-    assert tokens.shape == (200, task.n) and task.n == 6 + 8 + 10
-    cand = task.candidates(tokens)
-    for b in range(200):
-        words = task.decode(tokens[b])
-        verb = "fit" if "fit" in words else "hold"
-        adj = words[-6]
-        n1, n2 = words[cand[b, 0]], words[cand[b, 1]]
-        assert n1 != n2 and adj in ("big", "small") and words[-1] == "the"
-        assert task.words[targets[b, -1]] == task.answer(verb, adj, n1, n2)
-        assert targets[b, :-1].eq(IGNORE_INDEX).all()
-    assert task.answer("fit", "big", "trophy", "suitcase") == "trophy"
-    assert task.answer("fit", "small", "trophy", "suitcase") == "suitcase"
-    assert task.answer("hold", "small", "trophy", "suitcase") == "trophy"
-    assert task.answer("hold", "big", "trophy", "suitcase") == "suitcase"
-    # all four (verb, property) combinations occur, and the answer is the first or second noun
-    answers = tokens.gather(1, task.answer_position(tokens)[:, None])[:, 0]
-    assert torch.equal(answers, targets[:, -1])
-
-
-@pytest.mark.parametrize("k", [0, 3, 6])
-def test_filler_moves_the_candidates_away_from_the_answer(k):
-    task = PronounTask(max_filler=6)
-    tokens, _ = task.batch(torch.Generator().manual_seed(k), 20, filler=k)
-    assert task.filler_between(tokens).eq(k).all()
-    with pytest.raises(ValueError, match="filler should lie in 0..max_filler=6"):
-        task.batch(torch.Generator(), 2, filler=7)
-
-
-def test_sentence_and_encode_round_trip():
-    task = PronounTask(0)
-    words = task.sentence("trophy", "suitcase", "fit", "big")
-    assert " ".join(words) == ("the trophy did not fit in the suitcase because it was too big . "
-                               "so it is the")
-    assert task.decode(task.encode(" ".join(words))) == words
-
-
-def test_accuracy_by_filler_scores_a_perfect_oracle_at_one():
-    task = PronounTask(4)
-
-    class Oracle(torch.nn.Module):
-        def forward(self, tokens):
-            logits = torch.zeros(*tokens.shape, task.vocab_size)
-            logits[:, -1].scatter_(1, task._target(tokens)[:, None], 1.0)
-            return logits
-
-    assert accuracy_by_filler(Oracle(), task, per_distance=10) == {k: 1.0 for k in range(5)}
 
 
 # ---------------------------------------------------------------- real text
@@ -349,19 +294,3 @@ def test_accuracy_by_pairs_scores_an_oracle_at_one_and_a_copier_at_the_small_hal
     assert accuracy_by_pairs(Copier(True), task, 20) == {1: 1.0, 2: 1.0, 3: 1.0}
     assert accuracy_by_pairs(Copier(), task, 20, adj="small") == {1: 1.0, 2: 1.0, 3: 1.0}
     assert accuracy_by_pairs(Copier(), task, 20, adj="big") == {1: 0.0, 2: 0.0, 3: 0.0}
-
-
-def test_both_verbs_make_the_answer_depend_on_verb_and_property_together():
-    task = PronounTask(max_filler=3, verbs=("fit", "hold"))
-    tokens, targets = task.batch(torch.Generator().manual_seed(4), 200)
-    seen = set()
-    for b in range(200):
-        words = task.decode(tokens[b])
-        verb = "fit" if "fit" in words else "hold"
-        adj = words[-6]
-        n1, n2 = (words[i] for i in task.candidates(tokens[b:b + 1])[0])
-        assert task.words[targets[b, -1]] == task.answer(verb, adj, n1, n2)
-        seen.add((verb, adj))
-    assert seen == {("fit", "big"), ("fit", "small"), ("hold", "big"), ("hold", "small")}
-    with pytest.raises(ValueError, match="verbs must be|verbs should be"):
-        PronounTask(verbs=("carry",))

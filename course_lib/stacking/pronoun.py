@@ -1,15 +1,13 @@
 """The trophy and the suitcase: what does "it" refer to?
 
-    the trophy did not fit in the suitcase because it was too big .  so it is the -> trophy
-    the trophy did not fit in the suitcase because it was too small . so it is the -> suitcase
-    the trophy could not hold the suitcase because it was too small . so it is the -> trophy
+    suitcase held no trophy , box held no ball , too big at the box -> ball
+    suitcase held no trophy , box held no ball , too small at the box -> box
 
-A small templated language. The answer is one of two earlier nouns (the candidates), and which
-one depends on the property word ("big" or "small"); with both verbs ("fit in" and "hold") it
-depends on the verb and the property together. Every noun plays either role, so no noun is "the
-big one": the model must read the sentence. Filler words between the candidates and "because"
-push them `filler` tokens further from the answer; the rest of the filler goes in front, so
-every sequence has the same length.
+A small templated language (`PairsTask`): m (thing, container) pairs, then a late clause that
+picks one pair and a property. Every noun plays either role, so no noun is "the big one": the
+model must read the sentence, and a running summary must keep every pair, since it cannot know
+which will be asked. (An earlier two-noun version of this task, which a recurrent model solves
+by keeping both nouns, is gone: it could not show the point.)
 """
 
 from __future__ import annotations
@@ -22,125 +20,6 @@ NOUNS = ("trophy", "suitcase", "ball", "box", "book", "bag", "cup", "jar", "coin
          "cake", "tin", "shoe", "drawer", "lamp", "basket")
 FILLER = ("and", "then", "still", "yesterday", "again", "after", "lunch", "really", "sadly", "once",
           "more", "today")
-FIT = ("the", "N1", "did", "not", "fit", "in", "the", "N2")
-HOLD = ("the", "N1", "could", "not", "hold", "the", "N2")
-TAIL = ("because", "it", "was", "too", "ADJ", ".", "so", "it", "is", "the")
-
-
-class PronounTask:
-    """Sentences of `n = max_filler + len(FIT) + len(TAIL)` tokens; the target sits at the end.
-
-    batch(generator, batch, filler=None) -> tokens (batch, n), targets (batch, n): -100 except
-    the last position, whose target is the noun "it" refers to. filler: the number of filler
-    words between the second candidate and "because" (None: uniform in 0..max_filler).
-    verbs: the templates used, ("fit",) (the answer follows the property word alone) or
-    ("fit", "hold") (verb and property together decide: a harder task, an XOR).
-    """
-
-    def __init__(self, max_filler: int = 24, verbs: tuple[str, ...] = ("fit",)):
-        if not isinstance(max_filler, int) or max_filler < 0:
-            raise ValueError(f"max_filler should be an int >= 0, got {max_filler!r}")
-        verbs = tuple(verbs)
-        if not verbs or not set(verbs) <= {"fit", "hold"} or len(set(verbs)) != len(verbs):
-            raise ValueError(f"verbs should be ('fit',), ('hold',) or ('fit', 'hold'), "
-                             f"got {verbs!r}")
-        self.max_filler, self.verbs = max_filler, verbs
-        words = ["the", "did", "not", "fit", "in", "could", "hold", "because", "it", "was", "too",
-                 "big", "small", ".", "so", "is", *NOUNS, *FILLER]
-        self.words = list(dict.fromkeys(words))
-        self.index = {w: i for i, w in enumerate(self.words)}
-        self.vocab_size = len(self.words)
-        self.n = max_filler + len(FIT) + len(TAIL)
-        self._nouns = torch.tensor([self.index[w] for w in NOUNS])
-        self._filler = torch.tensor([self.index[w] for w in FILLER])
-
-    def decode(self, tokens: torch.Tensor) -> list[str]:
-        return [self.words[int(t)] for t in tokens]
-
-    def encode(self, text: str) -> torch.Tensor:
-        return torch.tensor([self.index[w] for w in text.split()])
-
-    def sentence(self, n1: str, n2: str, verb: str, adj: str, filler: list[str] | tuple = ()):
-        """One sentence as words (no front filler); the answer is `answer(verb, adj, n1, n2)`."""
-        template = FIT if verb == "fit" else HOLD
-        body = [n1 if w == "N1" else n2 if w == "N2" else w for w in template]
-        return body + list(filler) + [adj if w == "ADJ" else w for w in TAIL]
-
-    @staticmethod
-    def answer(verb: str, adj: str, n1: str, n2: str) -> str:
-        """fit in + too big: the first (it did not fit); hold + too small: the first (it could
-        not hold); otherwise the second."""
-        return n1 if (verb == "fit") == (adj == "big") else n2
-
-    def batch(self, generator: torch.Generator, batch: int = 64, filler: int | None = None):
-        K = self.max_filler
-        if filler is not None and not 0 <= filler <= K:
-            raise ValueError(f"filler should lie in 0..max_filler={K}, got {filler!r}")
-        pick = torch.rand(batch, len(NOUNS), generator=generator).argsort(dim=1)[:, :2]
-        n1, n2 = self._nouns[pick[:, 0]], self._nouns[pick[:, 1]]  # two different nouns
-        fit = torch.rand(batch, generator=generator) < 0.5  # drawn always: one data stream
-        if self.verbs != ("fit", "hold"):
-            fit = torch.full_like(fit, self.verbs == ("fit",))
-        big = torch.rand(batch, generator=generator) < 0.5
-        k = (torch.randint(0, K + 1, (batch,), generator=generator) if filler is None
-             else torch.full((batch,), filler))
-        noise = self._filler[torch.randint(0, len(FILLER), (batch, self.n), generator=generator)]
-        tokens = noise.clone()  # (B, n): filler everywhere, then the sentence written over it
-        for b in range(batch):
-            adj = "big" if big[b] else "small"
-            template = FIT if fit[b] else HOLD
-            front = self.n - len(template) - int(k[b]) - len(TAIL)
-            words = [self.words[n1[b]] if w == "N1" else self.words[n2[b]] if w == "N2" else w
-                     for w in template]
-            tokens[b, front:front + len(template)] = torch.tensor([self.index[w] for w in words])
-            tail = [adj if w == "ADJ" else w for w in TAIL]
-            tokens[b, self.n - len(TAIL):] = torch.tensor([self.index[w] for w in tail])
-        targets = torch.full_like(tokens, IGNORE_INDEX)
-        first = fit == big  # fit + big, or hold + small: the first candidate
-        targets[:, -1] = torch.where(first, n1, n2)
-        return tokens, targets
-
-    def candidates(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, 2): the positions of the first and the second candidate noun in each sentence."""
-        is_noun = torch.isin(tokens, self._nouns.to(tokens.device))  # (B, n): exactly two
-        pos = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
-        return pos[is_noun].view(tokens.shape[0], 2)
-
-    def filler_between(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B,): how many filler words stand between the second candidate and "because"."""
-        second = self.candidates(tokens)[:, 1]
-        return (self.n - len(TAIL)) - second - 1
-
-    def answer_position(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B,): the position of the candidate that is the answer (targets[:, -1])."""
-        cand = self.candidates(tokens)
-        return torch.where(tokens.gather(1, cand[:, :1])[:, 0] == self._target(tokens),
-                           cand[:, 0], cand[:, 1])
-
-    def _target(self, tokens):
-        fit = (tokens == self.index["fit"]).any(dim=1)
-        big = tokens[:, -6] == self.index["big"]
-        cand = self.candidates(tokens)
-        n1, n2 = tokens.gather(1, cand[:, :1])[:, 0], tokens.gather(1, cand[:, 1:])[:, 0]
-        return torch.where(fit == big, n1, n2)
-
-
-@torch.no_grad()
-def accuracy_by_filler(model, task: PronounTask, per_distance: int = 200, seed: int = 1234,
-                       fillers=None) -> dict[int, float]:
-    """Accuracy of the answer for each number of filler words, on `per_distance` fresh sentences."""
-    model.eval()
-    fillers = range(0, task.max_filler + 1) if fillers is None else fillers
-    out = {}
-    for k in fillers:
-        tokens, targets = task.batch(torch.Generator().manual_seed(seed + k), per_distance, k)
-        result = model(tokens)
-        logits = result[0] if isinstance(result, (tuple, list)) else result
-        out[int(k)] = float((logits[:, -1].argmax(-1) == targets[:, -1]).float().mean())
-    return out
-
-
-# ------------------------------------------------------------------ m pairs: anticipation
 
 PAIR = ("C", "held", "no", "T", ",")  # "the suitcase held no trophy (it did not fit)"
 QUESTION = ("too", "ADJ", "at", "the", "C")  # which was too big / too small at the box?
