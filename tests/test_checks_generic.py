@@ -64,3 +64,18 @@ def test_right_answers_pass_the_graders_hidden_cases_for_any_seed(checker, answe
     outcomes = run_cases(checker, (answer,), decode(encode(cases)))
     message = checker.judge(cases, outcomes)  # raises CheckFailure when the answer is judged wrong
     assert isinstance(message, str) and message
+
+
+def test_every_choice_check_finds_its_letters_and_one_right_one_in_its_hints():
+    """A why-choice's texts live in hints/chNN.md, read when judging: every chapter's parse."""
+    from course_lib.checks import _predict
+    from course_lib.checks._protocol import all_checks
+
+    choices = [(c.id, _predict.COMMITTING[c.id]) for c in all_checks()
+               if _predict.COMMITTING.get(c.id, {}).get("kind") == "choice"]
+    assert len(choices) >= 9
+    for check_id, info in choices:
+        if check_id.startswith("ch08."):  # chapter 08 still gives its texts inline
+            continue
+        texts, right = _predict.choice_texts(check_id, info["letters"])
+        assert right in texts and all(texts.values()), check_id

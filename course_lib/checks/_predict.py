@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from course_lib.checks import _protocol
@@ -151,20 +152,28 @@ def commit_check(exercise: int, *, read: Callable[[Any], Any], grade: str | None
     return declare
 
 
-def choice_check(exercise: int, *, choices: dict[str, str | None], grade: str | None = None,
-                 hints: tuple[str, ...] | None = None, name: str, module: str,
-                 right: str) -> Check:
-    """The short explanation after a reveal, as a multiple choice: `choices` maps each letter
-    to None for the right one, or to the feedback that names the misconception it stands for.
-    The first answer is recorded like a prediction; only the right letter earns the points.
-    `right` is the success message; `module` the chapter module (its hints and SOLUTION)."""
-    letters = tuple(choices)
-    if sum(v is None for v in choices.values()) != 1:
-        raise ValueError(f"{name}: exactly one choice must be right (None)")
+def choice_check(exercise: int, name: str = "", letters: str = "", *, module: str,
+                 grade: str | None = None, hints: tuple[str, ...] | None = None,
+                 choices: dict[str, str | None] | None = None, right: str | None = None) -> Check:
+    """The short explanation after a reveal, as a multiple choice of `letters`:
+
+        temperature_why = choice_check(5, "temperature_why", "abc", module=__name__)
+
+    The texts live in the check's section of `hints/<chapter>.md` (`choice_texts`): each wrong
+    letter's text is the feedback that names the misconception it stands for, the right one's
+    the success message. They are read when judging, never at import (the grading kernel's copy
+    of the md holds none of them), so the kernel knows only the letters. The first answer is
+    recorded like a prediction; only the right letter earns the points. `module` is the chapter
+    module (its hints and SOLUTION). (`choices`/`right` give the texts inline instead: each
+    letter's feedback, None for the right one; chapter 08's form until it moves to its md.)"""
+    if choices is not None:
+        letters = "".join(choices)
+    if not name or not letters:
+        raise ValueError("choice_check needs the check's name and its letters")
 
     def read(got: Any) -> str:
         from course_lib.checks._values import read_choice
-        return read_choice(got, "why", letters)
+        return read_choice(got, "why", tuple(letters))
 
     def stub(cases, outcomes):  # only carries the module for _declared
         raise NotImplementedError
@@ -178,14 +187,51 @@ def choice_check(exercise: int, *, choices: dict[str, str | None], grade: str | 
     def judge(cases: list, outcomes: list) -> str:
         (_, got), = each(cases, outcomes)
         letter = read(_committed_value(got))
-        if choices[letter] is not None:
-            raise CheckFailure(f"you chose {letter!r}: {choices[letter]}")
-        return right
+        if choices is None:
+            texts, right_letter = choice_texts(decl["id"], letters)
+        else:
+            right_letter = next(k for k, v in choices.items() if v is None)
+            texts = {**choices, right_letter: right}
+        if letter != right_letter:
+            raise CheckFailure(f"you chose {letter!r}: {texts[letter]}")
+        return texts[letter]
 
     judge.__name__ = name
     check = Check(cases=_cases, run=run, judge=judge, **decl)
-    COMMITTING[check.id] = {"reveals": (), "kind": "choice"}
+    COMMITTING[check.id] = {"reveals": (), "kind": "choice", "letters": letters}
     return check
+
+
+_CHOICE = re.compile(r"^- ([a-z])( \(right\))?: (.*)$")
+
+
+def choice_texts(check_id: str, letters: str) -> tuple[dict[str, str], str]:
+    """The texts of a choice check's letters and its right letter, as the check's section of
+    `hints/<chapter>.md` writes them after its hint tiers:
+
+        - a: the feedback on choosing a (continuation lines indented two spaces)
+        - b (right): the success message
+
+    Read afresh at every judgement (the grader's process holds the full md)."""
+    chapter, name = check_id.split(".", 1)
+    text = (Path(__file__).parent / "hints" / f"{chapter}.md").read_text(encoding="utf-8")
+    section = text.partition(f"\n## {name}\n")[2].split("\n## ", 1)[0]
+    texts: dict[str, str] = {}
+    right, letter = [], None
+    for line in section.splitlines():
+        m = _CHOICE.match(line)
+        if m:
+            letter = m.group(1)
+            texts[letter] = m.group(3)
+            right += [letter] if m.group(2) else []
+        elif letter and line.startswith("  ") and line.strip():
+            texts[letter] += " " + line.strip()
+        else:
+            letter = None
+    if "".join(texts) != letters or len(right) != 1:
+        raise ValueError(f"hints/{chapter}.md: ## {name} should list the choices {letters!r} "
+                         f"('- a: ...'), one of them marked (right); it lists {''.join(texts)!r}")
+    return texts, right[0]
 
 
 def commit_info(check_id: str) -> dict | None:

@@ -222,19 +222,7 @@ def shuffle_prediction(choice: str) -> str:
             f"outputs shuffled the same way by {by}.")
 
 
-shuffle_why = choice_check(
-    5, grade="shuffle_why", name="shuffle_why", module=__name__,
-    choices={
-        "a": "the outputs are not unchanged: token i's output is built from token i's own "
-             "query, so when token i moves to another place its output moves with it.",
-        "b": "a softmax over the keys is a sum over them, and a sum does not care about the "
-             "order of its terms: no token's output changes, only where it sits.",
-        "c": None,
-    },
-    right="why: each token's output depends on its own query and on the SET of keys and "
-          "values; shuffling the tokens reorders that set but does not change it, so the "
-          "outputs are shuffled the same way and nothing else (order must come from elsewhere: "
-          "chapter 07).")
+shuffle_why = choice_check(5, "shuffle_why", "abc", module=__name__)
 
 
 # ---------------------------------------------------------------- exercise 6 (experiment)

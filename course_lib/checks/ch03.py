@@ -236,19 +236,6 @@ def entropy_prediction(predicted: dict) -> str:
             "uniform weights.")
 
 
-entropy_why = choice_check(
-    4, grade="entropy_why", name="entropy_why", module=__name__,
-    choices={
-        "a": "scaled does not mean uniform: divided by sqrt(d_k) the scores still have "
-             "standard deviation 1, so some keys beat others and the entropy stays below "
-             "log 64; only scores that are all equal give uniform weights.",
-        "b": "the entropy does not depend on the width alone: with 64 keys the unscaled "
-             "scores (standard deviation 8) let one key win most of the weight, so the "
-             "unscaled entropy sits far below the scaled one, not near it.",
-        "c": None,
-    },
-    right="why: unscaled, the scores' spread is sqrt(64) = 8, so the best of 64 keys beats the "
-          "next by several units and takes most of the weight; scaled, the spread is 1 at any "
-          "width, so the weights stay spread, a little below log 64.")
+entropy_why = choice_check(4, "entropy_why", "abc", module=__name__)
 
 

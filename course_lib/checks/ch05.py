@@ -189,21 +189,7 @@ def flop_growth(predicted: float) -> str:
             f"(d_model 16), {four:,} with 4 heads (d_model 64): {four / one:g}x.")
 
 
-flop_why = choice_check(
-    4, grade="flop_why", name="flop_why", module=__name__,
-    choices={
-        "a": "4x would hold if only the attention part counted: the projections are d_model x "
-             "d_model matrices, and they grow with d_model squared (16x) as the model widens.",
-        "b": "16x would hold if only the projections counted: the score grids and the blend "
-             "grow only with the number of heads (4x), and at n = 64 they are two thirds of "
-             "the cost, which pulls the total well below 16x.",
-        "c": "the same cost holds at a FIXED d_model (the lecture's section 2); here d_model "
-             "grows with the heads, so every projection gets bigger.",
-        "d": None,
-    },
-    right="why: the four projections grow with d_model squared (16x) and the scores and blend "
-          "with the number of heads (4x); at n = 64 they start 1 : 2, so the total lands in "
-          "between, at (16 + 2 x 4) / 3 = 8x.")
+flop_why = choice_check(4, "flop_why", "abcd", module=__name__)
 
 
 # ---------------------------------------------------------------- exercise 5

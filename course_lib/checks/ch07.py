@@ -68,21 +68,7 @@ def padded_is_blind(got: bool) -> str:
             "the layer is blind to that reordering.")
 
 
-blind_why = choice_check(
-    1, grade="blind_why", name="blind_why", module=__name__,
-    choices={
-        "a": "a mask leaks order only when WHICH keys a query may see depends on where the query "
-             "stands, as with the causal mask. This one hides the same two keys from every "
-             "query.",
-        "b": None,
-        "c": "softmax attention is not blind to order whatever the mask: the lecture's causal "
-             "mask made it notice. What makes it blind here is that every query sees the same "
-             "set of keys.",
-    },
-    right="why: a padding mask hides the same keys from EVERY query, wherever it stands: each "
-          "query still sees the same set of real tokens, so the permutation argument of "
-          "section 1 goes through. The causal mask leaked order because the set of keys "
-          "depended on the query's position.")
+blind_why = choice_check(1, "blind_why", "abc", module=__name__)
 
 
 def _direction(got: float, want: float, what: str) -> str:

@@ -141,17 +141,7 @@ def predicted_crossover(got: float) -> str:
             f"predicted {got:g}, {gap}. The next cell counts the real layer.")
 
 
-crossover_why = choice_check(
-    3, grade="crossover_why", name="crossover_why", module=__name__,
-    choices={
-        "a": "the MLP's 16nd² is not all of the rest: the Q, K, V and output projections add "
-             "8nd², so the quadratic 4n²d catches up later, at n = 6d.",
-        "b": None,
-        "c": "the crossover does not depend on n alone: both sides grow with d, the quadratic "
-             "part like d, the rest like d², so the crossing point scales with the width.",
-    },
-    right="why: scores and blend cost 4n²d, the projections 8nd² and the MLP 16nd²: they meet "
-          "at 4n²d = 24nd², n = 6d.")
+crossover_why = choice_check(3, "crossover_why", "abc", module=__name__)
 
 
 # ------------------------------------------------------------------------------------------------

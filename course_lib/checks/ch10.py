@@ -279,18 +279,7 @@ def one_head_accuracy(got: float) -> str:
             f"{layer1[head]:.2f} (1.00 with every head); you predicted {got:.2f}.")
 
 
-head_why = choice_check(
-    3, grade="head_why", name="head_why", module=__name__,
-    choices={
-        "a": "zeroing one induction head is not zeroing the circuit: the lecture's ablation "
-             "removed the previous-token heads that EVERY induction head reads; here three "
-             "induction heads are left, reading the same stream.",
-        "b": None,
-        "c": "the other heads do not cover for it completely: they read the stream a little "
-             "differently, and some answers relied on this head.",
-    },
-    right="why: the induction job is spread over several layer-1 heads, unevenly: with one "
-          "gone the others still find most answers, not all.")
+head_why = choice_check(3, "head_why", "abc", module=__name__)
 
 
 @value_check(4, grade="ablation")
