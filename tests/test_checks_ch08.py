@@ -386,20 +386,35 @@ def max_unmasked(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
 STEPS = STEPS.replace("{puzzles}", PUZZLES)
 
 
+def _learner_module(tmp_path_factory, source: str):
+    """`source` as a module of its own file: the check compiles a kernel from its source, which
+    Python keeps only for code read from a file (or a notebook cell)."""
+    import importlib.util
+    import itertools
+
+    name = f"ch08_learner_{next(_COUNT)}"
+    path = tmp_path_factory.mktemp("kernels") / f"{name}.py"
+    path.write_text("import numpy as np\nimport torch\nimport triton\n"
+                    "import triton.language as tl\n" + source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_COUNT = __import__("itertools").count()
+
+
 @pytest.fixture(scope="module")
-def tl_steps():
+def tl_steps(tmp_path_factory):
     """Learner-style Triton steps, defined the way the exercise notebook defines them."""
     import course_lib.flash as flash
 
     flash.prepare_triton(interpret=True, quiet=True)
-    import triton
-    import triton.language as tl
-
     if not flash.interpreter_ready():
         pytest.skip("triton was imported compiled (GPU) earlier in this process; the exercise "
                     "check needs it imported in interpreter mode")
-    namespace = {"triton": triton, "tl": tl, "torch": torch}  # Triton looks `tl` up in globals
-    exec(STEPS, namespace)
+    namespace = vars(_learner_module(tmp_path_factory, STEPS))
     names = ("ok", "no_rescale", "unstable", "blank", "pair", "given")
     found = {name: namespace[f"step_{name}"] for name in names}
     for name, _, _ in _VARIANTS:

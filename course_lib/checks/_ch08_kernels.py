@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 import course_lib.flash as flash
 from course_lib.checks._cases import generator
+from course_lib.checks._ch08_compile import compile_first
+from course_lib.checks._ch08_guard import canary_view, describe, guard, stopped
 from course_lib.checks._core import CheckFailure, call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._protocol import each, function_check
 
@@ -101,13 +103,17 @@ def _step_run(fn, case):
     q, k, v = case["q"], case["k"], case["v"]
     n_q, d = q.shape
     out = torch.empty(n_q, d)
+    args, meta = (q, k, v, out, k.shape[0], d ** -0.5), {"STEP": fn, "BLOCK_M": 16,
+                                                          "BLOCK_N": 16, "D": d}
+    pending = compile_first(kernel, "attn_inner_step", args, meta, learner=(fn,))
     try:
         with np.errstate(all="ignore"):  # an unstable answer's overflow is reported by the judge
-            kernel[(n_q // 16,)](q, k, v, out, k.shape[0], d ** -0.5, STEP=fn, BLOCK_M=16,
-                                 BLOCK_N=16, D=d)
+            kernel[(n_q // 16,)](*args, **meta)
     except Exception as e:  # noqa: BLE001 - any learner error becomes feedback
         _launch_failed(e, "attn_inner_step", "It must return the triple (acc, l_i, m_i) with "
                        "the same shapes it got.")
+    if pending:
+        fail(pending)
     return out
 
 
@@ -154,34 +160,53 @@ def triton_inner_step(cases: list, outcomes: list) -> str:
 # ------------------------------------------------------------- the row softmax (build)
 
 def _softmax_cases(seed: int, hidden: bool) -> list:
+    """Each case: `x` for the learner's row_softmax, and `mine`, the input of the check's own
+    launch of the kernel (x's shape and padding, other values: an answer computed outside the
+    kernel from x does not fit it)."""
     g = generator(6, seed)
     shapes = [(4, 16, 1.0), (5, 37, 1.0), (3, 100, 1.0), (6, 20, 1e3)]  # the last: huge logits
     shapes += [(1, 1, 1.0), (7, 129, 10.0)] if hidden else []
-    cases = [{"x": torch.randn(rows, cols, generator=g) * spread, "stride": None}
-             for rows, cols, spread in shapes]
+    cases = [{"x": torch.randn(rows, cols, generator=g) * spread, "stride": None,
+              "spread": spread} for rows, cols, spread in shapes]
     masked = torch.randn(3, 24, generator=g)
     masked[:, 18:] = -torch.inf  # padding at the end of each row (-inf scores)
     # strided views: rows of a wider buffer whose padding holds NaN (the prompt's x[:, :n_cols])
     strided = [(torch.randn(4, 20, generator=g), 32), (torch.randn(3, 16, generator=g), 19)]
-    return cases + [{"x": masked, "stride": None}] + \
-        [{"x": x, "stride": stride} for x, stride in strided]
+    cases += [{"x": masked, "stride": None, "spread": 1.0}] + \
+        [{"x": x, "stride": stride, "spread": 1.0} for x, stride in strided]
+    for case in cases:
+        x = case.pop("x")
+        mine = torch.randn(x.shape, generator=g) * case.pop("spread")
+        case.update(x=x, mine=mine.masked_fill(torch.isinf(x), -torch.inf))
+    return cases
+
+
+def _laid_out(x: torch.Tensor, stride) -> torch.Tensor:
+    return x.clone() if stride is None else canary_view(x, stride)
 
 
 def _softmax_run(kernel, fn, case):
+    """Run the learner's row_softmax (each launch compiled for a GPU first), then launch the
+    kernel as it did but on the check's own grid, one program per row, and the check's own
+    tensors: `mine` where it passed x, fresh NaN where it passed the tensor it returns."""
     if not flash.triton_available():
         return NO_TRITON
     _interpreted(kernel, "softmax_kernel")
     flash.prepare_triton(interpret=True, quiet=True)
-    from course_lib.checks._ch08_guard import canary_view, guard
-
-    x = case["x"].clone() if case["stride"] is None else canary_view(case["x"], case["stride"])
-    cls, launches = type(kernel), []
+    x = _laid_out(case["x"], case["stride"])
+    cls, launches, pending = type(kernel), [], []
     original = cls.__getitem__
 
-    def spy(self, grid):  # count the launches of the learner's kernel by row_softmax
-        if self is kernel:
-            launches.append(grid)
-        return original(self, grid)
+    def spy(self, grid):  # the launches of the learner's kernel by row_softmax, compiled first
+        launch = original(self, grid)
+        if self is not kernel:
+            return launch
+
+        def compiled_first(*args, **kwargs):
+            launches.append((grid, args, kwargs))
+            pending.append(compile_first(kernel, "softmax_kernel", args, kwargs))
+            return launch(*args, **kwargs)
+        return compiled_first
 
     cls.__getitem__ = spy
     out = None
@@ -194,21 +219,89 @@ def _softmax_run(kernel, fn, case):
                     raise
     finally:
         cls.__getitem__ = original
-    return {"out": out, "launches": len(launches), **record}
+    if record.get("access") or not launches or not isinstance(out, torch.Tensor):
+        return {"out": out, "launches": len(launches), **record}
+    if any(pending):
+        fail(next(p for p in pending if p))
+    mine, own = _own_launch(kernel, launches[-1], x, out, case)
+    return {"out": mine, "own": True, "launches": len(launches),
+            **{k: v for k, v in own.items() if k != "launches"}, **record}
+
+
+def _own_launch(kernel, launch, x, out, case):
+    """The kernel launched by the check on (n_rows,) programs and its own copies of the
+    tensors row_softmax passed; (what it wrote where row_softmax's result lies, the guard's
+    record)."""
+    grid, args, kwargs = launch
+    rows = x.shape[0]
+    try:
+        shape = tuple(int(g) for g in (grid if isinstance(grid, tuple | list) else (grid,)))
+    except (TypeError, ValueError):
+        shape = ()
+    if shape + (1,) * (3 - len(shape)) != (rows, 1, 1):
+        fail(f"row_softmax launched softmax_kernel on the grid {grid!r}: one program per row is "
+             f"grid = (n_rows,), here ({rows},).")
+    target = _written(out, [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)])
+    if target is None:
+        fail("row_softmax returns a tensor that softmax_kernel was not given: the kernel must "
+             "store the rows into the tensor row_softmax returns.")
+    mine_x = _laid_out(case["mine"], case["stride"])
+    fresh: dict = {}
+
+    def mine(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        ptr = t.untyped_storage().data_ptr()
+        if ptr == x.untyped_storage().data_ptr():
+            fresh.setdefault(ptr, _flat(mine_x))
+        elif ptr == target.untyped_storage().data_ptr():
+            fresh.setdefault(ptr, torch.full_like(_flat(t), float("nan")))
+        elif t.shape == x.shape and torch.equal(t, x):  # a copy of x (x.contiguous())
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(mine_x)
+        else:
+            fresh.setdefault(ptr, _flat(t).clone())
+        return torch.as_strided(fresh[ptr], t.shape, t.stride(), t.storage_offset())
+
+    args, kwargs = [mine(a) for a in args], {k: mine(v) for k, v in kwargs.items()}
+    with guard() as record:
+        try:
+            with np.errstate(all="ignore"):
+                original = type(kernel).__getitem__
+                original(kernel, (rows,))(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any learner error becomes feedback
+            if stopped(e) is None:
+                _launch_failed(e, "softmax_kernel", "")
+    return mine(out if out.untyped_storage().data_ptr() in fresh else target).clone(), record
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage under `t`, as a 1-d tensor of its dtype."""
+    return t.new_empty(0).set_(t.untyped_storage(), 0, (t.untyped_storage().nbytes()
+                                                       // t.element_size(),), (1,))
+
+
+def _written(out: torch.Tensor, given: list):
+    """The tensor of the launch that holds row_softmax's result: one sharing its memory, else
+    one holding the same values (a copy returned); None when the kernel was given neither."""
+    same = [t for t in given if t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()]
+    if same:
+        return same[0]
+    for t in given:
+        if t.shape == out.shape and bool(((t == out) | (t.isnan() & out.isnan())).all()):
+            return t
+    return None
 
 
 @function_check(9, run=_softmax_run, cases=_softmax_cases,
                 forbid=((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
                         (torch, "log_softmax"), (F, "log_softmax")))
 def row_softmax(cases: list, outcomes: list) -> str:
-    from course_lib.checks._ch08_guard import describe
-
     for case, got in each(cases, outcomes):
         if _no_triton(got):
             return f"row_softmax: {SKIPPED}"
         if not isinstance(got, dict):
             fail("the row_softmax check came back malformed.")
-        x = case["x"]
+        x = case["mine"] if got.get("own") else case["x"]
         rows, cols = x.shape
         view = (f" (x was a strided view: {cols} columns, rows {case['stride']} elements apart)"
                 if case["stride"] else "")

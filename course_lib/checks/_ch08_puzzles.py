@@ -15,6 +15,7 @@ import torch
 
 import course_lib.flash as flash
 from course_lib.checks._cases import generator
+from course_lib.checks._ch08_compile import compile_first
 from course_lib.checks._ch08_guard import canary_view, describe, guard, stopped
 from course_lib.checks._ch08_kernels import (
     NO_TRITON,
@@ -40,6 +41,7 @@ def _launch(kernel, name: str, grid: tuple, *args, **meta) -> dict:
         return {"skipped": NO_TRITON}
     _interpreted(kernel, name)
     flash.prepare_triton(interpret=True, quiet=True)
+    pending = compile_first(kernel, name, args, meta)  # for a GPU first: Python in it fails
     with guard() as record:
         try:
             with np.errstate(all="ignore"):
@@ -47,6 +49,8 @@ def _launch(kernel, name: str, grid: tuple, *args, **meta) -> dict:
         except Exception as e:  # noqa: BLE001 - any learner error becomes feedback
             if stopped(e) is None:
                 _launch_failed(e, name, "")
+    if pending and "access" not in record:
+        fail(pending)
     return record
 
 
