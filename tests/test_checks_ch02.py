@@ -60,6 +60,15 @@ GENERIC_WRONG = [
 ]
 
 
+# (check, malformed prediction or wrong why, words its feedback must hold): test_checks_generic
+PREDICTION_MISTAKES = [
+    (check.shuffle_prediction, None, "is None"),
+    (check.shuffle_prediction, 3, "should be one of"),
+    (check.shuffle_prediction, "rot", "should be one of"),
+    (check.shuffle_why, "a", "moves with it"),
+    (check.shuffle_why, "b", "does not care about the order"),
+]
+
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
@@ -148,19 +157,10 @@ def test_shuffle_prediction_is_committed_whatever_it_says(capsys):
         check.shuffle_prediction(choice)
         out = capsys.readouterr().out
         assert out.index("📌 Recorded") < out.index("The run:")
-    for wrong, words in [(None, "is None"), (3, "should be one of"), ("rot", "should be one of")]:
-        _predict.forget()
-        with pytest.raises(CheckFailure, match=words):
-            check.shuffle_prediction(wrong)
     run = check.shuffle_experiment()
     assert run["shuffled"] < 1e-12 < 0.1 < run["same"]
-    for why, words in [("a", "moves with it"), ("b", "does not care about the order"), ("c", "")]:
-        _predict.forget()
-        if words:
-            with pytest.raises(CheckFailure, match=words):
-                check.shuffle_why(why)
-        else:
-            check.shuffle_why(why)
+    _predict.forget()
+    check.shuffle_why("c")
     _predict.forget()
 
 

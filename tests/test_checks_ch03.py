@@ -53,6 +53,16 @@ GENERIC_WRONG = [
 ]
 
 
+# (check, malformed prediction or wrong why, words its feedback must hold): test_checks_generic
+PREDICTION_MISTAKES = [
+    (check.entropy_prediction, None, "is None"),
+    (check.entropy_prediction, {"unscaled": -1.0, "scaled": 1.5}, "impossible"),
+    (check.entropy_prediction, {"unscaled": 0.1, "scaled": 5.0}, "impossible"),
+    (check.entropy_prediction, {"unscaled": float("inf"), "scaled": 1.5}, "finite"),
+    (check.entropy_why, "a", "scaled does not mean uniform"),
+    (check.entropy_why, "b", "does not depend on the width alone"),
+]
+
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
 # "calls the course's own" feedback, not a pass.
 REFERENCE_CALLS = [
@@ -130,28 +140,4 @@ def test_entropy_prediction_is_committed_whatever_it_says(capsys):
         check.entropy_prediction(guess)
         out = capsys.readouterr().out
         assert out.index("📌 Recorded") < out.index("The run:")
-    _predict.forget()
-
-
-@pytest.mark.parametrize("wrong,words", [
-    (None, "is None"),
-    ({"unscaled": -1.0, "scaled": 1.5}, "impossible"),
-    ({"unscaled": 0.1, "scaled": 5.0}, "impossible"),
-    ({"unscaled": float("inf"), "scaled": 1.5}, "finite"),
-])
-def test_malformed_entropy_predictions_are_not_commits(wrong, words):
-    from course_lib.checks import _predict
-    _predict.forget()
-    with pytest.raises(CheckFailure, match=words):
-        check.entropy_prediction(wrong)
-    assert check.entropy_prediction.id not in _predict._RECORDS
-
-
-@pytest.mark.parametrize("why,words", [("a", "scaled does not mean uniform"),
-                                       ("b", "does not depend on the width alone")])
-def test_the_misconceptions_are_named(why, words):
-    from course_lib.checks import _predict
-    _predict.forget()
-    with pytest.raises(CheckFailure, match=words):
-        check.entropy_why(why)
     _predict.forget()

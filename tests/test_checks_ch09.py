@@ -70,6 +70,14 @@ CORRECT = [
     (check.linear_recurrence, lambda q, k, v: recurrence_ok(q, k, v).numpy()),
 ]
 GENERIC_WRONG = generic_wrong_answers("think about it")
+# (check, malformed prediction or wrong why, words its feedback must hold): test_checks_generic
+PREDICTION_MISTAKES = [
+    *((check.predicted_crossover, wrong, words) for wrong, words in [
+        (None, "None"), ("6144", "positive number"), (-5, "positive number"),
+        (math.nan, "positive number"), (True, "positive number")]),
+    (check.crossover_why, "a", "add 8nd²"),
+    (check.crossover_why, "c", "scales with the width"),
+]
 REFERENCE_CALLS = [
     (check.grouped_query_attention, lambda q, k, v: course_gqa(q, k, v)[0]),
     (check.linear_recurrence, lambda q, k, v: linear_attention_recurrent(q, k, v)),
@@ -116,22 +124,6 @@ def test_any_prediction_is_committed_then_the_count_shown(prediction, words, cap
     check.predicted_crossover(prediction)
     out = capsys.readouterr().out
     assert "Recorded" in out and "n = 6144 tokens" in out and words in out
-    forget()
-
-
-@pytest.mark.parametrize("prediction, words", [
-    (None, "None"), ("6144", "positive number"), (-5, "positive number"),
-    (math.nan, "positive number"), (True, "positive number"),
-])
-def test_malformed_predictions_are_not_committed(prediction, words):
-    forget()
-    assert_feedback(check.predicted_crossover, prediction, words)
-
-
-@pytest.mark.parametrize("letter, words", [("a", "add 8nd²"), ("c", "scales with the width")])
-def test_wrong_explanations_name_their_misconception(letter, words):
-    forget()
-    assert_feedback(check.crossover_why, letter, words)
     forget()
 
 

@@ -32,6 +32,12 @@ WRONG = [
     for wrong, words in cases.GENERIC_WRONG
 ]
 
+PREDICTIONS = [
+    pytest.param(checker, wrong, words, id=f"{chapter}-{checker.__name__}-{words}")
+    for chapter, cases in CHAPTERS.items()
+    for checker, wrong, words in getattr(cases, "PREDICTION_MISTAKES", [])
+]
+
 CHEATS = [
     pytest.param(checker, answer, id=f"{chapter}-{checker.__name__}-{i}")
     for chapter, cases in CHAPTERS.items()
@@ -48,6 +54,26 @@ def test_right_answers_pass(checker, answer, capsys):
 @pytest.mark.parametrize("checker, wrong, words", WRONG)
 def test_generic_wrong_answers_give_feedback(checker, wrong, words):
     assert_feedback(checker, wrong, words)
+
+
+@pytest.mark.parametrize("checker, wrong, words", PREDICTIONS)
+def test_malformed_predictions_and_wrong_whys_are_named_and_the_first_answer_stands(
+        checker, wrong, words):
+    """A malformed prediction (or why) is no commit; a wrong letter names its misconception,
+    and stays the answer: the right letter after it changes nothing."""
+    from course_lib.checks import _predict
+
+    _predict.forget()
+    try:
+        assert_feedback(checker, wrong, words)
+        info = _predict.COMMITTING[checker.id]
+        if checker.id in _predict._RECORDS:  # a well-formed letter, recorded, then judged
+            assert info["kind"] == "choice"
+            if not checker.id.startswith("ch08."):
+                _, right = _predict.choice_texts(checker.id, info["letters"])
+                assert_feedback(checker, right, words)
+    finally:
+        _predict.forget()
 
 
 @pytest.mark.parametrize("checker, answer", CHEATS)

@@ -87,32 +87,12 @@ def test_the_grader_finds_the_course_from_any_working_folder(tmp_path, monkeypat
 
 
 def test_build_exercises_check_exit_codes(tmp_path, capsys):
-    assert (
-        main(
-            [
-                "build-exercises",
-                "--check",
-                "--solutions",
-                str(ROOT / "solutions"),
-                "--exercises",
-                str(ROOT / "exercises"),
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "build-exercises",
-                "--check",
-                "--solutions",
-                str(ROOT / "solutions"),
-                "--exercises",
-                str(tmp_path),
-            ]
-        )
-        == 1
-    )
+    def check(exercises: Path) -> int:
+        return main(["build-exercises", "--check", "--solutions", str(ROOT / "solutions"),
+                     "--exercises", str(exercises)])
+
+    assert check(ROOT / "exercises") == 0
+    assert check(tmp_path) == 1
     assert "out of date" in capsys.readouterr().out
 
 
