@@ -4,6 +4,8 @@ committed prediction of a cold and a hot lookup (and its explanation), and a bat
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
@@ -184,11 +186,8 @@ PREDICT_QUERY = np.array([1.0, 0.5])
 TEMPERATURES = {"cold": 0.01, "hot": 100.0}
 
 
-def _read_temperature(got) -> dict:
-    return read_numbers(got, "prediction", tuple(TEMPERATURES))
-
-
-@commit_check(5, read=_read_temperature, grade="temperature")
+@commit_check(5, read=partial(read_numbers, name="prediction", keys=tuple(TEMPERATURES)),
+              grade="temperature")
 def temperature_prediction(predicted: dict) -> str:
     parts = []
     for name, temperature in TEMPERATURES.items():

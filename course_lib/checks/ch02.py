@@ -209,11 +209,8 @@ def shuffle_experiment() -> dict:
             "shuffled": float((out_s - out[SHUFFLE_ORDER]).abs().max())}
 
 
-def _read_shuffle(got) -> str:
-    return read_choice(got, "prediction", SHUFFLE_CHOICES)
-
-
-@commit_check(5, read=_read_shuffle, grade="shuffle")
+@commit_check(5, read=partial(read_choice, name="prediction", choices=SHUFFLE_CHOICES),
+              grade="shuffle")
 def shuffle_prediction(choice: str) -> str:
     run = shuffle_experiment()
     by = "less than 1e-9" if run["shuffled"] < 1e-9 else f"{run['shuffled']:.1e}"

@@ -5,6 +5,7 @@ positions (debug), a multi-head forward pass (build), predict what widening the 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -178,11 +179,8 @@ def measured_flops(num_heads: int, n: int = FLOP_N, d_head: int = FLOP_D_HEAD) -
     return counter.get_total_flops()
 
 
-def _read_growth(got) -> float:
-    return read_number(got, "predicted_growth", 0, 1e6, "a number (how many times more FLOPs)")
-
-
-@commit_check(4, read=_read_growth)
+@commit_check(4, read=partial(read_number, what="predicted_growth", low=0, high=1e6,
+                              kind="a number (how many times more FLOPs)"))
 def flop_growth(predicted: float) -> str:
     one, four = (measured_flops(h) for h in FLOP_HEADS)
     return (f"prediction committed ({predicted:g}x). The count: {one:,} FLOPs with 1 head "

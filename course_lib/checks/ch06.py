@@ -6,6 +6,7 @@ reaches (experiment)."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -258,11 +259,8 @@ def book_ratio() -> float:
     return attention / (BOOK_WIDTH * BOOK_LAYERS)
 
 
-def _read_ratio(got) -> float:
-    return read_number(got, "predicted_ratio", 0, 1e15, "a number (how many times more)")
-
-
-@commit_check(5, read=_read_ratio, grade="predicted_ratio")
+@commit_check(5, read=partial(read_number, what="predicted_ratio", low=0, high=1e15,
+                              kind="a number (how many times more)"), grade="predicted_ratio")
 def predicted_ratio(got: float) -> str:
     ratio = book_ratio()
     close = "within 1% of it" if abs(got - ratio) <= 0.01 * ratio else \
@@ -295,11 +293,8 @@ def measured_far(scale: float = FAR_SCALE, part: str = "W_hh") -> float:
 FAR_CHOICES = ("faster", "slower", "none")
 
 
-def _read_far_prediction(got) -> str:
-    return read_choice(got, "far_prediction", FAR_CHOICES)
-
-
-@commit_check(6, read=_read_far_prediction, grade="far_prediction", reveals=("ch06_rnn_far",))
+@commit_check(6, read=partial(read_choice, name="far_prediction", choices=FAR_CHOICES),
+              grade="far_prediction", reveals=("ch06_rnn_far",))
 def far_prediction(got: str) -> str:
     return (f"prediction committed ({got!r}). Now measure it: the check of your rnn_far says "
             "whether you were right.")

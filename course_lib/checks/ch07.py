@@ -56,11 +56,8 @@ def _rounding(gap: float) -> str:
     return "below 1e-5, rounding only" if gap < 1e-5 else f"{gap:.1e}"
 
 
-def _read_blind(got) -> bool:
-    return read_bool(got, "padded_is_blind")
-
-
-@commit_check(1, read=_read_blind, grade="padded_blind", reveals=("ch07_padding_gaps",))
+@commit_check(1, read=partial(read_bool, what="padded_is_blind"), grade="padded_blind",
+              reveals=("ch07_padding_gaps",))
 def padded_is_blind(got: bool) -> str:
     within = order_gaps()["within"]
     return (f"prediction committed ({'blind' if got else 'not blind'}). The run: shuffling the 4 "

@@ -6,6 +6,7 @@ to the two-layer model (predict), and the same for each layer-1 head in turn (ex
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -267,11 +268,7 @@ def _number(got, name: str, low: float = 0.0, high: float = 1.0) -> float:
     return float(got)
 
 
-def _read_accuracy(got) -> float:
-    return _number(got, "predicted_accuracy")
-
-
-@commit_check(3, read=_read_accuracy, grade="predict")
+@commit_check(3, read=partial(_number, name="predicted_accuracy"), grade="predict")
 def one_head_accuracy(got: float) -> str:
     _, layer1, _ = _measured_single_heads()
     head = _strongest_induction_head()
