@@ -1,6 +1,7 @@
 """Chapter 08's checkers pass right answers and turn every kind of wrong answer into feedback."""
 
 import importlib.util
+import itertools
 import math
 
 import numpy as np
@@ -223,175 +224,149 @@ def test_causal_fraction_wrong_values_are_explained(checker, got, words):
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="no Triton")
 
-
-STEPS = '''
-@triton.jit
-def step_ok(acc, l_i, m_i, qk, v):
+# Learner-style Triton code: the right kernels, then each mistake as the edit that makes it from
+# the right one (`_variants`). The notebook's given step is step_ok with the planted bug.
+RIGHT = {
+    "step_ok": '''(acc, l_i, m_i, qk, v):
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     p = tl.exp(qk - m_new[:, None])
     alpha = tl.exp(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p, v)
-    return acc, l_i, m_new
-
-@triton.jit
-def step_no_rescale(acc, l_i, m_i, qk, v):
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    p = tl.exp(qk - m_new[:, None])
-    return acc + tl.dot(p, v), l_i + tl.sum(p, 1), m_new
-
-@triton.jit
-def step_unstable(acc, l_i, m_i, qk, v):
-    p = tl.exp(qk)
-    return acc + tl.dot(p, v), l_i + tl.sum(p, 1), m_i
-
-@triton.jit
-def step_blank(acc, l_i, m_i, qk, v):
-    raise NotImplementedError("rescale by alpha")
-    return acc, l_i, m_i
-
-@triton.jit
-def step_pair(acc, l_i, m_i, qk, v):
-    return acc, l_i
-
-{given}{softmaxes}def launcher(kernel, strides=True):
-    def row_softmax(x):
-        y = torch.empty_like(x)
-        x_stride, y_stride = (x.stride(0), y.stride(0)) if strides else (x.shape[1], x.shape[1])
-        kernel[(x.shape[0],)](x, y, x_stride, y_stride, x.shape[1],
-                              BLOCK=triton.next_power_of_2(x.shape[1]))
-        return y
-    return row_softmax
-
-def one_stride_launcher(kernel):  # the kernel's one stride is x's, the output is contiguous
-    def row_softmax(x):
-        y = torch.empty_like(x)
-        kernel[(x.shape[0],)](x, y, x.stride(0), x.stride(0), x.shape[1],
-                              BLOCK=triton.next_power_of_2(x.shape[1]))
-        return y
-    return row_softmax
-{puzzles}'''
-# The row-softmax kernels differ only in how a row is loaded and exponentiated.
-_SOFTMAX = """@triton.jit
-def softmax_{name}(X, Y, x_stride, y_stride, n_cols, BLOCK: tl.constexpr):
+    return acc, l_i, m_new''',
+    "softmax_ok": '''(X, Y, x_stride, y_stride, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
-    {body}
-    tl.store(Y + row * y_stride + cols, e / tl.sum(e, 0){store_mask})
-
-"""
-_LOAD = "tl.load(X + row * x_stride + cols, mask=cols < n_cols, other=OTHER)"
-_STABLE = "x = " + _LOAD + "\n    e = tl.exp(x - tl.max(x, 0))"
-_OK_BODY = _STABLE.replace("OTHER", '-float("inf")')
-_VARIANTS = (("ok", _OK_BODY, True),
-             ("pad_zero", _STABLE.replace("OTHER", "0.0"), True),
-             ("unstable", "e = tl.exp(" + _LOAD.replace("OTHER", '-float("inf")') + ")", True),
-             ("unmasked_store", _OK_BODY, False),
-             ("unmasked_load", _OK_BODY.replace(", mask=cols < n_cols, other=-float(\"inf\")", ""),
-              True),
-             ("no_other", _OK_BODY.replace(', other=-float("inf")', ""), True))
-# The notebook's given step is step_ok with the planted bug: acc is not rescaled by alpha.
-_OK = STEPS[STEPS.index("@triton.jit\ndef step_ok"):STEPS.index("@triton.jit\ndef step_no_rescale")]
-STEPS = STEPS.replace("{given}", _OK.replace("step_ok", "step_given")
-                      .replace("acc * alpha[:, None] + ", "acc + "))
-STEPS = STEPS.replace("{softmaxes}", "".join(
-    _SOFTMAX.format(name=name, body=body, store_mask=", mask=cols < n_cols" if masked else "")
-    for name, body, masked in _VARIANTS))
-# The three puzzles: the right kernel, then the mistakes the checks name.
-PUZZLES = """
-@triton.jit
-def bias_ok(X, B, Z, n_rows, n_cols, sx, sz, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    x = tl.load(X + row * x_stride + cols, mask=cols < n_cols, other=-float("inf"))
+    e = tl.exp(x - tl.max(x, 0))
+    tl.store(Y + row * y_stride + cols, e / tl.sum(e, 0), mask=cols < n_cols)''',
+    "bias_ok": '''(X, B, Z, n_rows, n_cols, sx, sz, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     x = tl.load(X + rows[:, None] * sx + cols[None, :], mask=inside)
     b = tl.load(B + cols, mask=cols < n_cols)
-    tl.store(Z + rows[:, None] * sz + cols[None, :], x + b[None, :], mask=inside)
-
-@triton.jit
-def bias_cols_only(X, B, Z, n_rows, n_cols, sx, sz, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    inside = cols[None, :] < n_cols
-    x = tl.load(X + rows[:, None] * sx + cols[None, :], mask=inside)
-    b = tl.load(B + cols, mask=cols < n_cols)
-    tl.store(Z + rows[:, None] * sz + cols[None, :], x + b[None, :], mask=inside)
-
-@triton.jit
-def bias_contiguous(X, B, Z, n_rows, n_cols, sx, sz, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    x = tl.load(X + rows[:, None] * n_cols + cols[None, :], mask=inside)
-    b = tl.load(B + cols, mask=cols < n_cols)
-    tl.store(Z + rows[:, None] * n_cols + cols[None, :], x + b[None, :], mask=inside)
-
-@triton.jit
-def mean_ok(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    tl.store(Z + rows[:, None] * sz + cols[None, :], x + b[None, :], mask=inside)''',
+    "mean_ok": '''(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=0.0)
-    tl.store(OUT + row, tl.sum(x, 0) / n_cols)
-
-@triton.jit
-def mean_by_block(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=0.0)
-    tl.store(OUT + row, tl.sum(x, 0) / BLOCK)
-
-@triton.jit
-def mean_no_other(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    x = tl.load(X + row * stride + cols, mask=cols < n_cols)
-    tl.store(OUT + row, tl.sum(x, 0) / n_cols)
-
-@triton.jit
-def max_ok(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    tl.store(OUT + row, tl.sum(x, 0) / n_cols)''',
+    "max_ok": '''(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     m = -float("inf")
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=-float("inf"))
         m = tl.maximum(m, tl.max(x, 0))
-    tl.store(OUT + row, m)
-
-@triton.jit
-def max_first_block(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+    tl.store(OUT + row, m)''',
+    "max_first_block": '''(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=-float("inf"))
-    tl.store(OUT + row, tl.max(x, 0))
+    tl.store(OUT + row, tl.max(x, 0))''',
+}
+_MASKED_LOAD = ', mask=cols < n_cols, other=-float("inf")'
+WRONG = {  # name: (the right kernel, [(what it says there, what the mistake says)])
+    "step_given": ("step_ok", [("acc * alpha[:, None] + ", "acc + ")]),
+    "step_no_rescale": ("step_ok", [("l_i * alpha", "l_i"), ("acc * alpha[:, None]", "acc")]),
+    "step_unstable": ("step_ok", [("qk - m_new[:, None]", "qk"), ("l_i * alpha", "l_i"),
+                                  ("acc * alpha[:, None]", "acc")]),
+    "step_blank": ("step_ok", [("    m_new = tl", '    raise NotImplementedError("rescale by '
+                                                  'alpha")\n    m_new = tl')]),
+    "step_pair": ("step_ok", [("return acc, l_i, m_new", "return acc, l_i")]),
+    "softmax_pad_zero": ("softmax_ok", [('other=-float("inf")', "other=0.0")]),
+    "softmax_unstable": ("softmax_ok", [("x - tl.max(x, 0)", "x")]),
+    "softmax_unmasked_store": ("softmax_ok", [(", e / tl.sum(e, 0), mask=cols < n_cols",
+                                               ", e / tl.sum(e, 0)")]),
+    "softmax_unmasked_load": ("softmax_ok", [(_MASKED_LOAD, "")]),
+    "softmax_no_other": ("softmax_ok", [(', other=-float("inf")', "")]),
+    "bias_cols_only": ("bias_ok", [("(rows[:, None] < n_rows) & (cols[None, :] < n_cols)",
+                                    "cols[None, :] < n_cols")]),
+    "bias_contiguous": ("bias_ok", [("* sx", "* n_cols"), ("* sz", "* n_cols")]),
+    "mean_by_block": ("mean_ok", [("/ n_cols", "/ BLOCK")]),
+    "mean_no_other": ("mean_ok", [(", other=0.0", "")]),
+    "max_zero": ("max_ok", [('m = -float("inf")', "m = 0.0"),
+                            ('other=-float("inf")', "other=0.0")]),
+    "max_unmasked": ("max_ok", [(_MASKED_LOAD, "")]),
+}
+# What a GPU refuses and the interpreter runs: NumPy or torch in the body, Python on a block.
+NOT_COMPILABLE = {
+    "step_ok": [("numpy", "p = tl.exp(", "p = np.exp("),
+                ("torch", "alpha = tl.exp(", "alpha = torch.exp("),
+                ("if", "    p = tl.exp", "    if qk > 0:\n        qk = qk - 1.0\n    p = tl.exp")],
+    "softmax_ok": [("numpy", "e = tl.exp(", "e = np.exp("),
+                   ("torch", "tl.max(x, 0)", "torch.max(x)"),
+                   ("if", "    e = tl.exp", "    if x > 0:\n        x = x - 1.0\n    e = tl.exp"),
+                   ("index", "e / tl.sum(e, 0)", "e / sum([e[i] for i in range(BLOCK)])")],
+    "bias_ok": [("numpy", "x + b[None, :]", "np.add(x, b[None, :])"),
+                ("torch", "x + b[None, :]", "torch.add(x, b[None, :])"),
+                ("if", "    b = tl.load", "    if x > 0:\n        x = x + 0.0\n    b = tl.load")],
+    "mean_ok": [("numpy", "tl.sum(x, 0)", "np.sum(x)"), ("torch", "tl.sum(x, 0)", "torch.sum(x)"),
+                ("if", "    tl.store", "    if x > 0:\n        x = x + 0.0\n    tl.store")],
+    "max_ok": [("numpy", "tl.maximum(m, tl.max(x, 0))", "np.maximum(m, tl.max(x, 0))"),
+               ("torch", "tl.maximum(m, tl.max(x, 0))", "torch.maximum(m, tl.max(x, 0))"),
+               ("if", "        m = tl.maximum", "        if x > m:\n            x = x + 0.0\n"
+                                                "        m = tl.maximum")],
+}
+CANNOT_COMPILE = {"numpy": r"calls numpy\.\w+ inside @triton\.jit .*only use tl\.\* operations",
+                  "torch": r"calls torch\.\w+ inside @triton\.jit .*only use tl\.\* operations",
+                  "if": r"cannot compile .* for a GPU \(at `if .*Python `if` or `while` on a block",
+                  "index": r"cannot compile .* for a GPU .*(built-in `sum`|Python list)"}
+
+
+def _variants() -> str:
+    """The source of every kernel: the right ones, the mistakes, the ones a GPU refuses."""
+    def kernel(name, base, edits):
+        body = RIGHT[base]
+        for old, new in edits:
+            assert old in body, (name, old)
+            body = body.replace(old, new)
+        return f"@triton.jit\ndef {name}{body}\n\n"
+    source = "".join(kernel(name, name, []) for name in RIGHT)
+    source += "".join(kernel(name, base, edits) for name, (base, edits) in WRONG.items())
+    return source + "".join(kernel(f"{base}_{kind}", base, [(old, new)])
+                            for base, edits in NOT_COMPILABLE.items() for kind, old, new in edits)
+
+
+LAUNCHERS = '''
+def launcher(kernel, strides="own", grid=None, outside=False):
+    """row_softmax launching `kernel`; strides "own" (each tensor's), "n_cols" (as if
+    contiguous) or "x" (x's for both); `outside`: the work done in torch, the launch a dummy."""
+    def row_softmax(x):
+        y = torch.empty_like(x)
+        x_stride, y_stride = {"own": (x.stride(0), y.stride(0)), "n_cols": (x.shape[1],) * 2,
+                              "x": (x.stride(0),) * 2}[strides]
+        kernel[grid or (x.shape[0],)](x, y, x_stride, y_stride, x.shape[1],
+                                      BLOCK=triton.next_power_of_2(x.shape[1]))
+        if outside:  # a cheat: the launch for show, the answer from torch
+            e = torch.exp(x - x.amax(1, keepdim=True))
+            return e / e.sum(1, keepdim=True)
+        return y
+    return row_softmax
+
 
 @triton.jit
-def max_zero(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
+def copy_kernel(X, Y, x_stride, y_stride, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
-    m = 0.0
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(X + row * stride + cols, mask=cols < n_cols, other=0.0)
-        m = tl.maximum(m, tl.max(x, 0))
-    tl.store(OUT + row, m)
+    cols = tl.arange(0, BLOCK)
+    tl.store(Y + row * y_stride + cols, tl.load(X + row * x_stride + cols, mask=cols < n_cols),
+             mask=cols < n_cols)
 
-@triton.jit
-def max_unmasked(X, OUT, n_cols, stride, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    m = -float("inf")
-    for start in range(0, n_cols, BLOCK):
-        x = tl.load(X + row * stride + start + tl.arange(0, BLOCK))
-        m = tl.maximum(m, tl.max(x, 0))
-    tl.store(OUT + row, m)
-"""
-STEPS = STEPS.replace("{puzzles}", PUZZLES)
+
+def copying_launcher(x):
+    """A cheat: softmax in torch, then a kernel that only copies it into the output."""
+    e = torch.exp(x - x.amax(1, keepdim=True))
+    p, y = (e / e.sum(1, keepdim=True)).contiguous(), torch.empty_like(x)
+    copy_kernel[(x.shape[0],)](p, y, p.stride(0), y.stride(0), x.shape[1],
+                               BLOCK=triton.next_power_of_2(x.shape[1]))
+    return y
+'''
 
 
 def _learner_module(tmp_path_factory, source: str):
     """`source` as a module of its own file: the check compiles a kernel from its source, which
     Python keeps only for code read from a file (or a notebook cell)."""
-    import importlib.util
-    import itertools
-
     name = f"ch08_learner_{next(_COUNT)}"
     path = tmp_path_factory.mktemp("kernels") / f"{name}.py"
     path.write_text("import numpy as np\nimport torch\nimport triton\n"
@@ -402,30 +377,34 @@ def _learner_module(tmp_path_factory, source: str):
     return module
 
 
-_COUNT = __import__("itertools").count()
+_COUNT = itertools.count()
 
 
 @pytest.fixture(scope="module")
 def tl_steps(tmp_path_factory):
-    """Learner-style Triton steps, defined the way the exercise notebook defines them."""
+    """Learner-style Triton code, defined the way the exercise notebook defines it, by name:
+    steps (`ok`, `given`, ...), kernels, and (kernel, row_softmax) pairs for `softmax_*`."""
     import course_lib.flash as flash
 
     flash.prepare_triton(interpret=True, quiet=True)
     if not flash.interpreter_ready():
         pytest.skip("triton was imported compiled (GPU) earlier in this process; the exercise "
                     "check needs it imported in interpreter mode")
-    namespace = vars(_learner_module(tmp_path_factory, STEPS))
-    names = ("ok", "no_rescale", "unstable", "blank", "pair", "given")
-    found = {name: namespace[f"step_{name}"] for name in names}
-    for name, _, _ in _VARIANTS:
-        kernel = namespace[f"softmax_{name}"]
-        found[f"softmax_{name}"] = (kernel, namespace["launcher"](kernel))
-    kernel = namespace["softmax_ok"]
-    found["softmax_contiguous_only"] = (kernel, namespace["launcher"](kernel, strides=False))
-    found["softmax_one_stride"] = (kernel, namespace["one_stride_launcher"](kernel))
-    for name in ("bias_ok", "bias_cols_only", "bias_contiguous", "mean_ok", "mean_by_block",
-                 "mean_no_other", "max_ok", "max_first_block", "max_zero", "max_unmasked"):
-        found[name] = namespace[name]
+    module = _learner_module(tmp_path_factory, _variants() + LAUNCHERS)
+    found = {}
+    for name, obj in vars(module).items():
+        if name.startswith("softmax_"):
+            found[name] = (obj, module.launcher(obj))
+        elif name.startswith("step_"):
+            found[name.removeprefix("step_")] = obj
+        elif type(obj).__name__ == "InterpretedFunction":
+            found[name] = obj
+    kernel = module.softmax_ok
+    found["softmax_contiguous_only"] = (kernel, module.launcher(kernel, strides="n_cols"))
+    found["softmax_one_stride"] = (kernel, module.launcher(kernel, strides="x"))
+    found["softmax_two_programs_a_row"] = (kernel, module.launcher(kernel, grid=lambda m: (1, 2)))
+    found["softmax_outside"] = (kernel, module.launcher(kernel, outside=True))
+    found["softmax_copying"] = (module.copy_kernel, module.copying_launcher)
     return found
 
 
@@ -515,3 +494,86 @@ def test_triton_puzzles_right_answers_pass(tl_steps, capsys):
 def test_triton_puzzles_wrong_answers(tl_steps, checker, name, words):
     with pytest.raises(CheckFailure, match=words):
         getattr(check, checker)(tl_steps[name])
+
+
+# ------------------------------------------------ compiled for a GPU first (issue 23)
+
+CHECK_OF = {"step_ok": "triton_inner_step", "softmax_ok": "row_softmax",
+            "bias_ok": "add_bias_kernel", "mean_ok": "row_mean_kernel", "max_ok": "row_max_kernel"}
+
+
+def _answer(tl_steps, base: str, kind: str):
+    name = f"{base}_{kind}"
+    return tl_steps[name] if base == "softmax_ok" else \
+        (tl_steps[name.removeprefix("step_")] if base == "step_ok" else tl_steps[name],)
+
+
+@needs_triton
+@pytest.mark.parametrize("base, kind", [(base, kind) for base, edits in NOT_COMPILABLE.items()
+                                        for kind, _, _ in edits])
+def test_a_kernel_a_gpu_cannot_compile_fails_in_words(tl_steps, base, kind):
+    """NumPy or torch in the body, or Python on a block, runs in the interpreter; the check
+    compiles the kernel for sm_90 first and names the cause."""
+    with pytest.raises(CheckFailure, match=CANNOT_COMPILE[kind]) as info:
+        getattr(check, CHECK_OF[base])(*_answer(tl_steps, base, kind))
+    assert "Triton's interpreter, which runs this check" in str(info.value)
+    assert "Traceback" not in str(info.value)
+
+
+@needs_triton
+def test_the_compile_names_numpy_and_the_line(tl_steps):
+    with pytest.raises(CheckFailure) as info:
+        check.row_softmax(*tl_steps["softmax_ok_numpy"])
+    text = str(info.value)
+    assert text.startswith("your `softmax_kernel` calls numpy.exp inside @triton.jit "
+                           "(`e = np.exp(x - tl.max(x, 0))`)"), text
+    assert "Use tl.exp." in text
+
+
+@needs_triton
+def test_the_interpreters_own_words_come_first(tl_steps):
+    """A mistake the interpreter meets too keeps its words: a blank step's NotImplementedError
+    (a `raise` does not compile either), a step returning a pair."""
+    with pytest.raises(CheckFailure, match="not written yet. Hint: rescale by alpha"):
+        check.triton_inner_step(tl_steps["blank"])
+    with pytest.raises(CheckFailure, match="not enough values to unpack.*must return the triple"):
+        check.triton_inner_step(tl_steps["pair"])
+
+
+@needs_triton
+def test_a_kernel_is_compiled_once(tl_steps, monkeypatch, capsys):
+    from course_lib.checks import _ch08_compile
+
+    compiles = []
+    real = _ch08_compile._compile
+    monkeypatch.setattr(_ch08_compile, "_compile", lambda *a: compiles.append(a) or real(*a))
+    check.row_mean_kernel(tl_steps["mean_ok"])
+    first = len(compiles)
+    check.row_mean_kernel(tl_steps["mean_ok"])
+    assert len(compiles) == first  # same kernel object, same signatures: the cache answers
+    assert capsys.readouterr().out.count("✔") == 2
+
+
+@needs_triton
+def test_a_kernel_without_source_is_refused(tl_steps):
+    """exec'd code keeps no source, so it cannot be compiled: refused in words, never run."""
+    import triton
+    import triton.language as tl
+
+    namespace = {"triton": triton, "tl": tl}
+    exec(compile("@triton.jit\ndef mean_ok" + RIGHT["mean_ok"], "<hidden>", "exec"), namespace)
+    with pytest.raises(CheckFailure, match="cannot read the source of `row_mean_kernel`"):
+        check.row_mean_kernel(namespace["mean_ok"])
+
+
+@needs_triton
+@pytest.mark.parametrize("name, words", [
+    ("softmax_outside", "returns a tensor that softmax_kernel was not given"),
+    ("softmax_copying", "differs"),
+    ("softmax_two_programs_a_row", "one program per row"),
+])
+def test_row_softmax_is_judged_on_the_checks_own_launch(tl_steps, name, words):
+    """The check launches the kernel again, one program per row, on its own input (new values)
+    and a fresh output: work done outside the kernel, or a kernel that copies it, fails."""
+    with pytest.raises(CheckFailure, match=words):
+        check.row_softmax(*tl_steps[name])

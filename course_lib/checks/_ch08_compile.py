@@ -14,7 +14,7 @@ learner's functions) and puts the interpreted ones back after. A result is kept 
 object and signature, so re-running a check cell does not compile again.
 
 Kernel side only (called from the checks' `run`): it holds no reference and computes no answer;
-what it finds is a message the run fails with, never data the judge reads.
+what it finds is a message the run fails with (`fail`), never data the judge reads.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import textwrap
 import warnings
 import weakref
 
+from course_lib.checks._core import fail
+
 TARGET = ("cuda", 90, 32)         # sm_90 (H100/H200), 32 threads a warp
 _RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kernel -> {key: message}
 _JIT: dict = {}                   # id(InterpretedFunction) -> (it, its JITFunction)
@@ -39,13 +41,14 @@ WHY = ("Triton's interpreter, which runs this check, runs a kernel's body as Pyt
 
 
 def compile_first(kernel, name: str, args: tuple, kwargs: dict, learner=None) -> str:
-    """Compile `kernel` for sm_90 as `kernel[grid](*args, **kwargs)` would launch it: '' when
-    it compiles, else the feedback, which the check gives after launching the kernel in the
-    interpreter all the same (`if pending: fail(pending)`), so that a mistake the interpreter
-    also meets (a step returning a pair, a load out of bounds, a blank exercise's
-    NotImplementedError) is named as it is there, and the compile speaks only of what a GPU
-    alone refuses. `learner`: the functions the learner wrote (default: the kernel; the first
-    keys the cache), where a failure's cause is looked for."""
+    """Compile `kernel` for sm_90 as `kernel[grid](*args, **kwargs)` would launch it. A kernel
+    that only a GPU refuses (a call into NumPy or torch, an `if` on a block, ...) fails here,
+    before it runs. Any other compile failure is returned, for the check to give after
+    launching the kernel in the interpreter all the same (`if pending: fail(pending)`): a
+    mistake the interpreter meets too (a step returning a pair, a blank exercise's
+    NotImplementedError) is then named as it is there. '' when the kernel compiles.
+    `learner`: the functions the learner wrote (default: the kernel; the first keys the
+    cache), where a failure's cause is looked for."""
     learner = tuple(learner or (kernel,))
     try:
         key = _key(kernel, args, kwargs)
@@ -54,7 +57,10 @@ def compile_first(kernel, name: str, args: tuple, kwargs: dict, learner=None) ->
     found = _RESULTS.setdefault(learner[0], {})
     if key not in found:
         found[key] = _compile(kernel, name, args, kwargs, learner)
-    return found[key]
+    message, now = found[key]
+    if now:
+        fail(message)
+    return message
 
 
 def _key(kernel, args, kwargs) -> tuple:
@@ -76,8 +82,9 @@ def _int_width(value) -> object:
     return value if isinstance(value, float) else ("i32" if -2**31 <= value < 2**31 else "i64")
 
 
-def _compile(kernel, name, args, kwargs, learner) -> str:
-    """'' when the kernel compiles; else the feedback."""
+def _compile(kernel, name, args, kwargs, learner) -> tuple[str, bool]:
+    """('', False) when the kernel compiles; else (the feedback, whether to give it before
+    launching: a cause only a GPU refuses)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -85,19 +92,19 @@ def _compile(kernel, name, args, kwargs, learner) -> str:
         try:
             inspect.getsource(fn.fn)
         except (OSError, TypeError):
-            return (f"the check cannot read the source of `{name}`, so it cannot compile it for "
-                    "a GPU: define it with @triton.jit in a notebook cell (or a file) and run "
-                    "that cell.")
+            return (f"the check cannot read the source of `{name}`, so it cannot compile it "
+                    "for a GPU: define it with @triton.jit in a notebook cell (or a file) and "
+                    "run that cell.", True)
     try:
         with compiled(kernel, *learner) as jit:
             source = _source(jit(kernel), args, kwargs, jit)
             with _quiet():
                 triton.compile(source, target=GPUTarget(*TARGET))
     except OSError:  # Triton's own tools or cache folder, not the answer: launch uncompiled
-        return ""
+        return "", False
     except Exception as e:  # noqa: BLE001 - every other failure is the kernel's, in words
         return _explain(e, name, learner)
-    return ""
+    return "", False
 
 
 def _source(fn, args, kwargs, jit):
@@ -265,43 +272,44 @@ _REASONS = (
      r"parsing",
      "a Python `if` or `while` on a block: a block of lanes has no single truth value. Choose "
      "per lane with tl.where(condition, a, b), or reduce the block to one number first "
-     "(tl.max, tl.sum)"),
+     "(tl.max, tl.sum)", True),
     (r"_semantic. argument must be provided outside",
      "a block indexed or iterated like a Python list (x[i]): a block is not a list. Reduce it "
-     "with tl.sum / tl.max, or work on every lane at once"),
+     "with tl.sum / tl.max, or work on every lane at once", True),
     (r"arange's arguments must be of type tl.constexpr",
      "tl.arange with a bound known only at run time: its bounds must be tl.constexpr (a BLOCK "
-     "parameter); mask the lanes past n_cols instead"),
+     "parameter); mask the lanes past n_cols instead", True),
     (r"NameError\('(\w+) is not defined'\)",
      "Python's built-in `{0}`, which does not exist inside a kernel: use the tl.* operation "
-     "(tl.sum, tl.max, ...)"),
+     "(tl.sum, tl.max, ...)", True),
     (r"unsupported AST node type: Raise",
-     "a Python `raise`: a kernel cannot raise (tl.device_assert checks a condition on a GPU)"),
+     "a Python `raise`: a kernel cannot raise (tl.device_assert checks a condition on a GPU)",
+     False),  # a blank exercise: the interpreter's NotImplementedError names it better
     (r"is not string",
-     "Python's print: inside a kernel use tl.device_print(\"x\", x) (or tl.static_print)"),
+     "Python's print: inside a kernel use tl.device_print(\"x\", x) (or tl.static_print)", True),
 )
 
 
-def _explain(error: BaseException, name: str, learner: tuple) -> str:
+def _explain(error: BaseException, name: str, learner: tuple) -> tuple[str, bool]:
     foreign = _foreign_call(error, learner)
     if foreign is not None:
         called, line, instead = foreign
         return (f"your `{name}` calls {called} inside @triton.jit (`{line}`): a GPU kernel can "
                 "only use tl.* operations on blocks, so Triton cannot compile it for a GPU. "
-                f"{WHY} {instead}")
+                f"{WHY} {instead}", True)
     inner = _innermost(error)
     text = str(getattr(inner, "error_message", None) or inner).strip()
     where = _line(inner)
-    for pattern, words in _REASONS:
+    for pattern, words, immediate in _REASONS:
         found = re.search(pattern, text)
         if found:
-            reason = words.format(*found.groups())
+            reason, now = words.format(*found.groups()), immediate
             break
     else:
         last = text.splitlines()[-1] if text else type(inner).__name__
-        reason = f"Triton's compiler says: {last[:300]}"
+        reason, now = f"Triton's compiler says: {last[:300]}", False
     return (f"Triton cannot compile `{name}` for a GPU{f' (at `{where}`)' if where else ''}: "
-            f"{reason}. {WHY}")
+            f"{reason}. {WHY}", now)
 
 
 def _innermost(error: BaseException) -> BaseException:
