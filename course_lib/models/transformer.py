@@ -38,7 +38,30 @@ def kv_cache_bytes(num_layers: int, num_heads: int, n: int, d_head: int,
     return 2 * num_layers * batch * num_heads * n * d_head * bytes_per_element
 
 
-class KVCache:
+class KVStorage:
+    """The tensors a cache holds: k and v of shape (num_layers, batch, heads, slots, d_head),
+    allocated once, zero-filled. `length` (set by the cache) counts the slots that hold a token.
+    `KVCache` appends in position order; chapter 09's `RingKVCache` writes a ring of slots."""
+
+    length: int
+
+    def __init__(self, num_layers: int, batch: int, num_heads: int, slots: int, d_head: int,
+                 dtype: torch.dtype = torch.float32, device=None):
+        shape = (num_layers, batch, num_heads, slots, d_head)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def nbytes(self) -> int:
+        """Bytes holding the `length` tokens stored so far (K and V, every layer)."""
+        n_layers, batch, heads, _, d_head = self.k.shape
+        return kv_cache_bytes(n_layers, heads, self.length, d_head, self.k.element_size(), batch)
+
+
+class KVCache(KVStorage):
     """The keys and values every layer has computed so far, for a batch of sequences.
 
     Storage is allocated once for `capacity` tokens: k and v of shape
@@ -48,19 +71,13 @@ class KVCache:
 
     def __init__(self, num_layers: int, batch: int, num_heads: int, capacity: int, d_head: int,
                  dtype: torch.dtype = torch.float32, device=None):
-        shape = (num_layers, batch, num_heads, capacity, d_head)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        super().__init__(num_layers, batch, num_heads, capacity, d_head, dtype, device)
         self.length = 0
         self.pad = torch.zeros(batch, dtype=torch.long, device=device)
 
     @property
     def capacity(self) -> int:
         return self.k.shape[3]
-
-    @property
-    def batch(self) -> int:
-        return self.k.shape[1]
 
     def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
         """Store one layer's keys/values for the new tokens; return all keys/values so far.
@@ -78,11 +95,6 @@ class KVCache:
 
     def advance(self, t: int) -> None:
         self.length += t
-
-    def nbytes(self) -> int:
-        """Bytes holding the `length` tokens stored so far (K and V, every layer)."""
-        n_layers, batch, heads, _, d_head = self.k.shape
-        return kv_cache_bytes(n_layers, heads, self.length, d_head, self.k.element_size(), batch)
 
 
 class TinyTransformer(nn.Module):
@@ -180,12 +192,18 @@ class TinyTransformer(nn.Module):
         # (T, S): a pad query sees itself, so no row is empty
         itself = k_cols[None, :] == q_cols[:, None]
         mask = (causal[None] & (real[:, None, :] | itself[None]))[:, None]  # (B, 1, T, S)
+        return self._through_blocks(idx, mask, positions, cache)
 
+    def _through_blocks(self, idx: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                        cache) -> torch.Tensor:
+        """Logits (B, T, vocab_size): idx embedded, every block attending under `mask` with
+        rotary `positions` (B, T), the final LayerNorm, the head. With a cache, each block
+        appends its keys and values, and the cache then moves on by T tokens."""
         x = self.embed(idx)  # (B, T, d_model)
         for layer, block in enumerate(self.blocks):
             x = block(x, mask, positions=positions, cache=cache, layer=layer)
         if cache is not None:
-            cache.advance(T)
+            cache.advance(idx.shape[1])
         return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
 
     # ------------------------------------------------------------------ generation

@@ -22,31 +22,27 @@ from __future__ import annotations
 import torch
 
 from course_lib.masks import sliding_window_mask
-from course_lib.models.transformer import TinyTransformer, kv_cache_bytes
+from course_lib.models.transformer import KVStorage, TinyTransformer
 from course_lib.validate import check_count
 
 
-class RingKVCache:
+class RingKVCache(KVStorage):
     """The keys and values of the last `window` tokens of every layer, for a batch of sequences.
 
     k, v: (num_layers, batch, heads, window, d_head), allocated once. `seen` counts the tokens
-    written so far; `length` (what `MultiHeadAttention` reads) the slots that hold one.
+    written so far; `length` (what `MultiHeadAttention` reads) the slots that hold one, so
+    `nbytes()` is at most W tokens' worth.
     """
 
     def __init__(self, num_layers: int, batch: int, num_heads: int, window: int, d_head: int,
                  dtype: torch.dtype = torch.float32, device=None):
-        shape = (num_layers, batch, num_heads, check_count(window, "window"), d_head)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        super().__init__(num_layers, batch, num_heads, check_count(window, "window"), d_head,
+                         dtype, device)
         self.seen = 0
 
     @property
     def window(self) -> int:
         return self.k.shape[3]
-
-    @property
-    def batch(self) -> int:
-        return self.k.shape[1]
 
     @property
     def length(self) -> int:
@@ -78,11 +74,6 @@ class RingKVCache:
 
     def advance(self, t: int) -> None:
         self.seen += t
-
-    def nbytes(self) -> int:
-        """Bytes holding the tokens stored (K and V, every layer): at most W tokens' worth."""
-        n_layers, batch, heads, _, d_head = self.k.shape
-        return kv_cache_bytes(n_layers, heads, self.length, d_head, self.k.element_size(), batch)
 
 
 class WindowedTransformer(TinyTransformer):
@@ -132,9 +123,4 @@ class WindowedTransformer(TinyTransformer):
             offset = q_pos[:, None] - k_pos[None, :]                       # (T, S)
             mask = (offset >= 0) & (offset < self.window)                  # the window, by position
         positions = q_pos[None].expand(B, T)                               # (B, T) for RoPE
-        x = self.embed(idx)                                                # (B, T, d_model)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, mask, positions=positions, cache=cache, layer=layer)
-        if cache is not None:
-            cache.advance(T)
-        return self.lm_head(self.ln_f(x))                                  # (B, T, vocab_size)
+        return self._through_blocks(idx, mask, positions, cache)           # (B, T, vocab_size)

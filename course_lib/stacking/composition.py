@@ -25,10 +25,7 @@ remake them, one CPU thread, seeded (``--quick``: a few steps each, into --out):
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -39,12 +36,12 @@ from torch import nn
 from course_lib.masks import causal_mask
 from course_lib.models import TinyTransformer
 from course_lib.models.recall import recall_batch
+from course_lib.stacking import shipped
 from course_lib.stacking.induction import ablate_head
+from course_lib.stacking.shipped import DATA, QUICK_STEPS
 from course_lib.train import IGNORE_INDEX, accuracy, train
 from course_lib.validate import check_choice
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-QUICK_STEPS = 3
 TASK = {"n": 16, "vocab": 8}  # chapter 06's recall task: 16 tokens of a vocabulary of 8
 VOCAB_SIZE = TASK["vocab"] + TASK["n"] + 1  # 8 tokens, 16 questions Q_k, and `?` (id 8)
 _MODEL = {"vocab_size": VOCAB_SIZE, "d_model": 32, "num_heads": 4, "max_len": TASK["n"] + 2}
@@ -238,52 +235,31 @@ def make(name: str, quick: bool = False, progress: bool = True,
               "test_accuracy": round(test_accuracy, 4),
               "parameters": model.num_parameters(),
               "seconds": round(time.perf_counter() - start, 1),
-              "made_with": {"torch": torch.__version__, "python": platform.python_version(),
-                            "threads": 1, "device": "cpu"},
+              "made_with": shipped.made_with(),
               "command": f"python -m course_lib.stacking.composition {name}"}
     return model, record
 
 
 def save(model: nn.Module, record: dict, folder: Path = DATA) -> Path:
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"ch10_composition_{record['name']}.pt"
-    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, path)
-    (folder / f"ch10_composition_{record['name']}.json").write_text(
-        json.dumps(record, indent=1) + "\n")
-    return path
+    return shipped.save(model, record, folder, f"ch10_composition_{record['name']}")
 
 
 def record(name: str, folder: Path = DATA) -> dict:
     """The JSON record shipped with model `name`."""
     check_choice(name, "name", sorted(SPECS))
-    path = Path(folder) / f"ch10_composition_{name}.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: make it with "
-                                f"`python -m course_lib.stacking.composition {name}`")
-    return json.loads(path.read_text())
+    return shipped.read_record(folder, f"ch10_composition_{name}",
+                               f"python -m course_lib.stacking.composition {name}")
 
 
 def load(name: str, folder: Path = DATA) -> TinyTransformer:
     """Model `name` with its shipped weights, in eval mode."""
     record(name, folder)  # a clear error if it is missing
-    model = build(name)
-    model.load_state_dict(torch.load(Path(folder) / f"ch10_composition_{name}.pt",
-                                     weights_only=True))
-    return model.eval()
+    return shipped.load_weights(build(name), folder, f"ch10_composition_{name}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.stacking.composition",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help=f"any of {', '.join(SPECS)} (default: all)")
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps each (tests)")
-    parser.add_argument("--out", type=Path, default=DATA, help=f"folder (default {DATA})")
-    args = parser.parse_args(argv)
-    unknown = [name for name in args.names if name not in SPECS]
-    if unknown:
-        parser.error(f"unknown model(s) {unknown}; choose from {', '.join(SPECS)}")
-    for name in args.names or list(SPECS):
+    args = shipped.parse(shipped.parser(__name__, __doc__, SPECS), argv, SPECS)
+    for name in args.names:
         model, rec = make(name, quick=args.quick, progress=sys.stderr.isatty())
         path = save(model, rec, args.out)
         print(f"{name}: {rec['steps_done']} steps in {rec['seconds']} s, test accuracy "

@@ -24,10 +24,7 @@ measured results), not weights: for checking how much a result moves with the se
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -36,14 +33,14 @@ import torch
 
 from course_lib.models import TinyTransformer
 from course_lib.models.recall import RecurrentModel
+from course_lib.stacking import shipped
 from course_lib.stacking import text as text_mod
 from course_lib.stacking.induction import induction_batch
 from course_lib.stacking.pronoun import PairsTask, accuracy_by_pairs
+from course_lib.stacking.shipped import DATA, QUICK_STEPS
 from course_lib.train import evaluate, train
 from course_lib.validate import check_choice
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-QUICK_STEPS = 3
 CURVE_EVERY = 10
 
 _INDUCTION_TASK = {"segment": 8, "gap": 8, "vocab": 32}
@@ -145,8 +142,7 @@ def make(name: str, quick: bool = False, progress: bool = True, seed: int | None
               "result": measure(name, model, spec, chars),
               "parameters": sum(p.numel() for p in model.parameters()),
               "seconds": round(time.perf_counter() - start, 1),
-              "made_with": {"torch": torch.__version__, "python": platform.python_version(),
-                            "threads": 1, "device": "cpu"},
+              "made_with": shipped.made_with(),
               "command": f"python -m course_lib.stacking.pretrained {name}"
                          + ("" if seed is None else f" --seed {seed}")}
     return model, record
@@ -155,55 +151,35 @@ def make(name: str, quick: bool = False, progress: bool = True, seed: int | None
 def save(model: torch.nn.Module, record: dict, folder: Path = DATA,
          seed: int | None = None) -> Path:
     """Write the weights and the record; with `seed`, the record alone (`_seed<k>.json`)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     if seed is not None:
-        path = folder / f"ch10_{record['name']}_seed{seed}.json"
-        path.write_text(json.dumps(record, indent=1) + "\n")
-        return path
-    path = folder / f"ch10_{record['name']}.pt"
-    torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, path)
-    (folder / f"ch10_{record['name']}.json").write_text(json.dumps(record, indent=1) + "\n")
-    return path
+        return shipped.save_record(record, folder, f"ch10_{record['name']}_seed{seed}")
+    return shipped.save(model, record, folder, f"ch10_{record['name']}")
 
 
 def record(name: str, folder: Path = DATA, seed: int | None = None) -> dict:
     """The JSON record shipped with model `name` (of another seed's run, if given)."""
     check_choice(name, "name", sorted(SPECS))
-    tail = "" if seed is None else f"_seed{seed}"
-    path = Path(folder) / f"ch10_{name}{tail}.json"
-    if not path.exists():
-        again = "" if seed is None else f" --seed {seed}"
-        raise FileNotFoundError(f"{path} is missing: make it with "
-                                f"`python -m course_lib.stacking.pretrained {name}{again}`")
-    return json.loads(path.read_text())
+    tail, again = ("", "") if seed is None else (f"_seed{seed}", f" --seed {seed}")
+    return shipped.read_record(folder, f"ch10_{name}{tail}",
+                               f"python -m course_lib.stacking.pretrained {name}{again}")
 
 
 def load(name: str, folder: Path = DATA) -> torch.nn.Module:
     """Model `name` with its shipped weights, in eval mode (the text model also gets
     `.tokenizer`, its `CharTokenizer`)."""
     rec = record(name, folder)
-    model = build(rec["spec"], rec["chars"])
-    state = torch.load(Path(folder) / f"ch10_{name}.pt", weights_only=True)
-    model.load_state_dict(state)
+    model = shipped.load_weights(build(rec["spec"], rec["chars"]), folder, f"ch10_{name}")
     if rec["chars"] is not None:
         model.tokenizer = text_mod.CharTokenizer(rec["chars"])
-    return model.eval()
+    return model
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.stacking.pretrained",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help=f"any of {', '.join(SPECS)} (default: all)")
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps each (tests)")
-    parser.add_argument("--out", type=Path, default=DATA, help=f"folder (default {DATA})")
+    parser = shipped.parser(__name__, __doc__, SPECS)
     parser.add_argument("--seed", type=int, default=None,
                         help="train with this seed instead and write its record only")
-    args = parser.parse_args(argv)
-    unknown = [name for name in args.names if name not in SPECS]
-    if unknown:
-        parser.error(f"unknown model(s) {unknown}; choose from {', '.join(SPECS)}")
-    for name in args.names or list(SPECS):
+    args = shipped.parse(parser, argv, SPECS)
+    for name in args.names:
         model, rec = make(name, quick=args.quick, progress=sys.stderr.isatty(), seed=args.seed)
         path = save(model, rec, args.out, seed=args.seed)
         print(f"{name}: {rec['steps_done']} steps in {rec['seconds']} s, {rec['result']} -> {path}")
