@@ -15,13 +15,28 @@ import course_lib.flash as flash
 from course_lib.checks._cases import generator
 from course_lib.checks._ch08_compile import compile_first
 from course_lib.checks._ch08_guard import canary_view, describe, guard, stopped
-from course_lib.checks._core import CheckFailure, call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._core import (
+    CheckFailure,
+    call,
+    expect_close,
+    expect_shape,
+    fail,
+    matches,
+    to_tensor,
+)
 from course_lib.checks._protocol import each, function_check
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
 NO_TRITON = "triton-not-installed"
 SKIPPED = ("skipped, Triton is not installed here (it ships for Linux only); the other "
            "exercises still count.")
+
+
+def mistaken(got, mistake, want, *, words: str, atol: float, rtol: float) -> None:
+    """(Judges.) Fail with `words` when `got` is what the mistake gives and the right answer
+    is not (where a case cannot tell them apart, the comparison that follows judges)."""
+    if matches(got, mistake, atol, rtol) and not matches(want, mistake, atol, rtol):
+        fail(words)
 
 
 def _no_triton(outcome) -> bool:
@@ -145,11 +160,10 @@ def triton_inner_step(cases: list, outcomes: list) -> str:
         if case["spread"] > 1 and not torch.isfinite(t).all():
             fail("with large scores the kernel's output has inf/NaN: exponentiate each score "
                  "minus the NEW running max, never the raw score.")
-        if torch.allclose(t, _forgot_acc_rescale(q, k, v), atol=2e-4, rtol=2e-4) and \
-                not torch.allclose(want, _forgot_acc_rescale(q, k, v), atol=2e-4, rtol=2e-4):
-            fail("still the planted bug: the running sum l_i is rescaled when the max grows, but "
-                 "the running output acc is not, so earlier key blocks keep weights measured "
-                 "against an old, smaller max and count too much.")
+        mistaken(t, _forgot_acc_rescale(q, k, v), want, atol=2e-4, rtol=2e-4, words=(
+            "still the planted bug: the running sum l_i is rescaled when the max grows, but the "
+            "running output acc is not, so earlier key blocks keep weights measured against an "
+            "old, smaller max and count too much."))
         expect_close(t, want, "the kernel's output", atol=2e-4, rtol=2e-4,
                      hint="After every key block, l_i · exp(m_i) must be the sum of exp over the "
                           "scores seen so far, and acc the matching weighted sum of values.")
@@ -327,11 +341,10 @@ def row_softmax(cases: list, outcomes: list) -> str:
         block = 1 << max(0, cols - 1).bit_length()
         if block > cols:
             padded = torch.softmax(torch.cat([x, torch.zeros(rows, block - cols)], 1), -1)
-            if torch.allclose(t, padded[:, :cols], atol=1e-5, rtol=1e-4) and \
-                    not torch.allclose(want, padded[:, :cols], atol=1e-5, rtol=1e-4):
-                fail(f"with {cols} columns in a block of {block}, the {block - cols} lanes past "
-                     "the end are loaded as 0 and join the sum: load them with other=-inf so "
-                     "exp sends them to 0.")
+            mistaken(t, padded[:, :cols], want, atol=1e-5, rtol=1e-4, words=(
+                f"with {cols} columns in a block of {block}, the {block - cols} lanes past the "
+                "end are loaded as 0 and join the sum: load them with other=-inf so exp sends "
+                "them to 0."))
         if torch.allclose(t.sum(0), torch.ones(cols), atol=1e-4) and rows > 1 and cols > 1:
             fail("your columns sum to 1: the softmax must normalise each ROW.")
         expect_close(t, want, "row_softmax(x)", atol=1e-5, rtol=1e-4,

@@ -131,28 +131,47 @@ def _block(cols: int) -> int:
     return 1 << max(0, cols - 1).bit_length()
 
 
-def _mean_run(kernel, case):
+def _row_run(kernel, case, name: str, block: int) -> dict:
+    """One program per row of X into OUT (n_rows,), the launch of both row puzzles."""
     x = canary_view(case["x"], case["stride"])
     rows, cols = x.shape
     out = torch.zeros(rows)
-    record = _launch(kernel, "row_mean_kernel", (rows,), x, out, cols, x.stride(0),
-                     BLOCK=_block(cols))
+    record = _launch(kernel, name, (rows,), x, out, cols, x.stride(0), BLOCK=block)
     return {**record, "out": out}
+
+
+def _row_out(case, got, name: str):
+    """The OUT of one row-puzzle case after the checks both make; None when Triton is absent."""
+    rows, cols = case["x"].shape
+    if _judged(got, name, cols) is None:
+        return None
+    out = to_tensor(got.get("out"), "OUT", dtype=torch.float32)
+    expect_shape(out, (rows,), "OUT")
+    if not torch.isfinite(out).all() and got.get("undefined_other"):
+        fail(UNDEFINED)
+    return out
+
+
+def _each_row(cases: list, outcomes: list, name: str, judge, passed: str) -> str:
+    """A row puzzle's judge: `judge(x, out)` on every case's OUT, then `passed`."""
+    for case, got in each(cases, outcomes):
+        out = _row_out(case, got, name)
+        if out is None:
+            return f"{name}: {SKIPPED}"
+        judge(case["x"], out)
+    return passed
+
+
+def _mean_run(kernel, case):
+    return _row_run(kernel, case, "row_mean_kernel", _block(case["x"].shape[1]))
 
 
 @function_check(7, run=_mean_run, grade="row_mean", cases=_mean_cases)
 def row_mean_kernel(cases: list, outcomes: list) -> str:
-    for case, got in each(cases, outcomes):
-        x = case["x"]
+    def judge(x, out):
         rows, cols = x.shape
-        if _judged(got, "row_mean_kernel", cols) is None:
-            return f"row_mean_kernel: {SKIPPED}"
-        out = to_tensor(got.get("out"), "OUT", dtype=torch.float32)
-        expect_shape(out, (rows,), "OUT")
         want = x.mean(dim=1)
         block = _block(cols)
-        if not torch.isfinite(out).all() and got.get("undefined_other"):
-            fail(UNDEFINED)
         if block > cols and torch.allclose(out, want * cols / block, atol=1e-5):
             fail(f"with {cols} columns in a block of {block}, you divided by BLOCK: a mean "
                  f"divides by the {cols} values the row holds, n_cols.")
@@ -162,7 +181,8 @@ def row_mean_kernel(cases: list, outcomes: list) -> str:
         expect_close(out, want, "OUT", atol=1e-5, rtol=1e-4,
                      hint=f"(Case: {rows} rows of {cols}, BLOCK = {block}.) Program r loads row "
                           "r as one masked block, sums it with tl.sum and stores one number.")
-    return "row_mean_kernel: one program per row, a masked load, a sum over the block, / n_cols."
+    return _each_row(cases, outcomes, "row_mean_kernel", judge, "row_mean_kernel: one program "
+                     "per row, a masked load, a sum over the block, / n_cols.")
 
 
 # ------------------------------------------------------------- puzzle 3: a loop over blocks
@@ -177,26 +197,14 @@ def _max_cases(seed: int, hidden: bool) -> list:
 
 
 def _max_run(kernel, case):
-    x = canary_view(case["x"], case["stride"])
-    rows, cols = x.shape
-    out = torch.zeros(rows)
-    record = _launch(kernel, "row_max_kernel", (rows,), x, out, cols, x.stride(0),
-                     BLOCK=MAX_BLOCK)
-    return {**record, "out": out}
+    return _row_run(kernel, case, "row_max_kernel", MAX_BLOCK)
 
 
 @function_check(8, run=_max_run, grade="row_max", cases=_max_cases)
 def row_max_kernel(cases: list, outcomes: list) -> str:
-    for case, got in each(cases, outcomes):
-        x = case["x"]
+    def judge(x, out):
         rows, cols = x.shape
-        if _judged(got, "row_max_kernel", cols) is None:
-            return f"row_max_kernel: {SKIPPED}"
-        out = to_tensor(got.get("out"), "OUT", dtype=torch.float32)
-        expect_shape(out, (rows,), "OUT")
         want = x.amax(dim=1)
-        if not torch.isfinite(out).all() and got.get("undefined_other"):
-            fail(UNDEFINED)
         if cols > MAX_BLOCK and torch.equal(out, x[:, :MAX_BLOCK].amax(dim=1)) and \
                 not torch.equal(want, out):
             fail(f"OUT is the max of the first {MAX_BLOCK} columns only: a row of {cols} needs "
@@ -209,5 +217,6 @@ def row_max_kernel(cases: list, outcomes: list) -> str:
                      hint=f"(Case: {rows} rows of {cols}, BLOCK = {MAX_BLOCK}.) for start in "
                           "range(0, n_cols, BLOCK): load the block at start + tl.arange(0, "
                           "BLOCK), masked, and keep the larger of the running max and its max.")
-    return ("row_max_kernel: a loop over a row's blocks with a running max, the last block "
-            "masked, right for all-negative rows too.")
+    return _each_row(cases, outcomes, "row_max_kernel", judge, "row_max_kernel: a loop over a "
+                     "row's blocks with a running max, the last block masked, right for "
+                     "all-negative rows too.")
