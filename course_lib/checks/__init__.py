@@ -17,6 +17,8 @@ package and imports nothing else of this one:
   outcomes, plus a tampering report beside them;
 * `load_outcomes(outputs_path)` and `load_tampered(outputs_path)`: the grader reads both back as
   plain data (`weights_only`, size limits), or raises `OutcomeError` for a file it refuses;
+* `all_checks()`: every Check of every chapter (what `course grade`'s strip reads the `forbid`
+  lists of);
 * `commit_info(check_id)` and `parse_records(text)`: which checks record a first commit (a
   prediction, an explanation; `_predict`) and the record lines a notebook's outputs carry;
 * `CheckFailure` / `ReferenceCall` (a failure that called the course's own reference): what a
@@ -26,7 +28,15 @@ package and imports nothing else of this one:
 from course_lib.checks._core import CheckFailure, ReferenceCall
 from course_lib.checks._predict import commit_info, parse_records
 from course_lib.checks._probe import load_tampered, probe
-from course_lib.checks._protocol import Check, OutcomeError, encode, get, hint, load_outcomes
+from course_lib.checks._protocol import (
+    Check,
+    OutcomeError,
+    all_checks,
+    encode,
+    get,
+    hint,
+    load_outcomes,
+)
 
-__all__ = ["Check", "CheckFailure", "OutcomeError", "ReferenceCall", "commit_info", "encode",
-           "get", "hint", "load_outcomes", "load_tampered", "parse_records", "probe"]
+__all__ = ["Check", "CheckFailure", "OutcomeError", "ReferenceCall", "all_checks", "commit_info",
+           "encode", "get", "hint", "load_outcomes", "load_tampered", "parse_records", "probe"]

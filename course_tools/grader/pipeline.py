@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from course_tools.grader.read import (
     default_solutions_dir,
     expand,
     load_sources,
+    meta,
     read_notebook,
 )
 from course_tools.grader.report import format_csv, format_json, format_table
@@ -73,6 +75,27 @@ def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
     return result
 
 
+def given_names(sources: dict[str, Source]) -> tuple[set[str], dict[str, set[str]]]:
+    """What the course's own cells of the exercise notebooks use: every name they spell (a
+    stripped checker module keeps those whole: `soft_mask_scores()` gives an exercise its data),
+    and per chapter the names they import from course_lib (`strip.build` leaves those working,
+    even when an exercise of the chapter asks for one: chapter 06 runs the course's RNN)."""
+    words: set[str] = set()
+    uses: dict[str, set[str]] = {}
+    for src in sources.values():
+        chapter = "ch" + src.name[:2]
+        for cell in src.nb.cells:
+            if cell.cell_type != "code" or meta(cell).get("solution"):
+                continue
+            words.update(re.findall(r"[A-Za-z_]\w*", cell.source))
+            for module, names in re.findall(r"from (course_lib[\w.]*) import ([\w, ]+)",
+                                            cell.source):
+                if not module.startswith("course_lib.checks"):
+                    uses.setdefault(chapter, set()).update(n.split()[0] for n in
+                                                           names.split(",") if n.strip())
+    return words, uses
+
+
 def default_jobs() -> int:
     """Submissions graded at once: 2 on a 2-core laptop, up to 4 on big machines, 1 on one core."""
     cpus = os.cpu_count() or 1
@@ -103,7 +126,7 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
     if refused:
         raise GradingEnvironmentError(refused)
     settings = Settings(timeout=timeout, memory_mb=memory_mb, jobs=jobs, sandbox=sandbox,
-                        disk_mb=disk_mb,
+                        disk_mb=disk_mb, strip=hidden, given=given_names(sources),
                         python_path=[str(p) for p in extra],
                         hide=[solutions.resolve(), *sorted(folders)],
                         protect=[p.resolve() for p in files if p.is_file()])

@@ -6,9 +6,11 @@ stdin, waits, and reads the worker's result file only if the worker exited norma
 token matches. The worker never prints, so anything on its stdout is someone else's forgery.
 Then the probes are judged here (`probes.judge`), and the scratch folder is deleted.
 
-The kernel imports the `course_lib` the grader imported, whether or not the course is installed:
-in the sandbox, that folder bound read-only at <scratch>/lib/course_lib, first on the kernel's
-PYTHONPATH; without it, a private copy made for the run. The preflight cell checks it did.
+The kernel imports a copy of the `course_lib` the grader imported, whether or not the course is
+installed: when grading, the copy `strip.py` makes for the submission's chapter (no exercise's
+answer, no judge, no reference in it); for `course check`, the whole of it. In the sandbox that
+copy is bound read-only at <scratch>/lib/course_lib, first on the kernel's PYTHONPATH; without
+it, the copy is the run's private one. The preflight cell checks the kernel imported it.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course_tools.grader import guard, preflight, probes, sandbox
+from course_tools.grader import guard, preflight, probes, sandbox, strip
 from course_tools.grader.assemble import Plan
 from course_tools.grader.limits import DISK_MB, cell_limit, run_deadline
 from course_tools.grader.worker import LAUNCHER, kill_group
@@ -51,6 +54,11 @@ class Settings:
     run_token: str = field(default_factory=lambda: secrets.token_hex(8))  # marks its processes
     shield: object | None = None  # the grade's guard.SignalShield, without a sandbox
     site: guard.SiteWatch | None = None  # start-up files in site-packages, without a sandbox
+    strip: bool = True  # grading: kernels import strip.py's copy; False (course check): all of it
+    given: tuple = (set(), {})  # pipeline.given_names: what the course's own cells use
+    stripped: dict[tuple[str, ...], Path] = field(default_factory=dict)  # chapters -> its copy
+    _strip_root: Path | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
         import course_lib
@@ -67,13 +75,34 @@ class Settings:
     def sandboxed(self) -> bool:
         return self.why_not_sandboxed is None
 
-    def kernel_lib(self, layout: sandbox.Layout) -> tuple[list[str], Path]:
-        """The kernel's import path (its PYTHONPATH), and the course_lib it must import there."""
-        if self.sandboxed:  # sandbox.wrap binds self.course_lib there, read-only
-            return [str(layout.lib), *self.python_path], layout.lib / "course_lib"
-        if self.snapshot is not None:
-            return list(self.python_path), self.snapshot / "live" / "course_lib"
-        return list(self.python_path), self.course_lib
+    def kernel_lib(self, layout: sandbox.Layout,
+                   chapters: tuple[str, ...] = ()) -> tuple[list[str], Path, Path]:
+        """The kernel's import path (its PYTHONPATH), the course_lib it must import there, and
+        the folder that holds it on this side (the sandbox binds it read-only)."""
+        lib = self.lib_for(chapters)
+        if self.sandboxed:
+            return [str(layout.lib), *self.python_path], layout.lib / "course_lib", lib
+        rest = self.python_path[1:] if self.snapshot is not None else self.python_path
+        return [str(lib.parent), *rest], lib, lib
+
+    def lib_for(self, chapters: tuple[str, ...]) -> Path:
+        """The course_lib a kernel for `chapters` imports: strip.py's copy when grading (made
+        once per run and chapter set), else the grader's own (or, without a sandbox, the
+        private copy)."""
+        if not self.strip:
+            return self.snapshot / "live" / "course_lib" if self.snapshot else self.course_lib
+        with self._lock:
+            if chapters not in self.stripped:
+                if self._strip_root is None:
+                    self._strip_root = Path(tempfile.mkdtemp(prefix="course-grade-strip-"))
+                dest = self._strip_root / ("-".join(chapters) or "none")
+                words, uses = self.given
+                lib = strip.build(self.course_lib, dest, chapters, keep=words,
+                                  uses=set().union(*(uses.get(c, set()) for c in chapters)))
+                if self.snapshot is not None:  # no sandbox: its files are watched like the rest
+                    self._watch([q for q in lib.rglob("*") if q.is_file()], per_cell=True)
+                self.stripped[chapters] = lib
+            return self.stripped[chapters]
 
     def _private_copy(self) -> None:
         """Without a sandbox a kernel can reach every file the grader's user can. So the kernels
@@ -89,15 +118,20 @@ class Settings:
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
         self.python_path = [str(live), *(str(dst) for _, dst in copies[1:])]
         self.site = guard.SiteWatch(guard.site_dirs(), self.snapshot / "quarantine")
-        originals = self.snapshot / "originals"
-        originals.mkdir()
+        (self.snapshot / "originals").mkdir()
         files = [q for _, dst in copies for q in dst.rglob("*") if q.is_file()]
-        self.per_cell = {str(q) for q in files}
-        files += [q for q in self.protect if q.is_file()]  # the submissions
-        for k, path in enumerate(dict.fromkeys(files)):
-            data = path.read_bytes()
-            (originals / str(k)).write_bytes(data)
-            self.watch[str(path)] = [hashlib.sha256(data).hexdigest(), str(k)]
+        self._watch(files, per_cell=True)
+        self._watch([q for q in self.protect if q.is_file()], per_cell=False)  # the submissions
+
+    def _watch(self, files: list[Path], *, per_cell: bool) -> None:
+        for path in dict.fromkeys(files):
+            if str(path) in self.watch:
+                continue
+            data, name = path.read_bytes(), str(len(self.watch))
+            (self.snapshot / "originals" / name).write_bytes(data)
+            self.watch[str(path)] = [hashlib.sha256(data).hexdigest(), name]
+            if per_cell:
+                self.per_cell.add(str(path))
 
     def restore(self) -> list[str]:
         """Put back any watched file a kernel changed (no sandbox); returns what was changed."""
@@ -116,6 +150,8 @@ class Settings:
         if self.snapshot is not None:
             self.restore()
             remove(self.snapshot)
+        if self._strip_root is not None:
+            remove(self._strip_root)
 
 
 def _is_site_dir(folder: Path) -> bool:
@@ -151,14 +187,16 @@ def run_submission(name: str, data: bytes, plan: Plan, settings: Settings) -> Ru
         (layout.work / (name if name.endswith(".ipynb") else "submission.ipynb")).write_bytes(data)
         (layout.ctl / "collected").mkdir()
         (layout.ctl / "cases").mkdir()  # each probe's cases wait here until its cell runs
-        path, course_lib = settings.kernel_lib(layout)
+        chapters = tuple(sorted({c for cell in plan.cells for m in cell.imports
+                                 if (c := strip.chapter_of(m))}))
+        path, course_lib, bound = settings.kernel_lib(layout, chapters)
         for cell in plan.cells:
             if cell.role == "probe":
                 cell.probe = probes.prepare(cell.call, layout.io, layout.ctl / "cases")
                 cell.source = cell.probe.source
             elif cell.role == "preflight":
                 cell.source = preflight.source(cell.imports, course_lib)
-        result = _run_worker(layout, plan, settings, path)
+        result = _run_worker(layout, plan, settings, path, bound)
         for i, (cell, st) in enumerate(zip(plan.cells, result.statuses)):
             if cell.role == "probe":
                 result.verdicts[i] = probes.judge(
@@ -170,7 +208,7 @@ def run_submission(name: str, data: bytes, plan: Plan, settings: Settings) -> Ru
 
 
 def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings,
-                path: list[str]) -> RunResult:
+                path: list[str], course_lib: Path) -> RunResult:
     n = len(plan.cells)
     env = _worker_env(settings.jobs)
     run_token = f"{settings.run_token}-{secrets.token_hex(4)}"
@@ -195,8 +233,9 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings,
     if settings.sandboxed:
         hide = sandbox.hidden_places(settings.course_lib.parent, settings.hide)
         spec["sandbox"], spec["traps"] = sandbox.wrap(
-            layout, course_lib=settings.course_lib, python_path=settings.python_path, hide=hide,
-            launcher=LAUNCHER,
+            layout, course_lib=course_lib, python_path=settings.python_path, hide=hide,
+            launcher=LAUNCHER, installed=settings.course_lib if _is_site_dir(
+                settings.course_lib.parent) else None,
         )
     (layout.ctl / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
     deadline = run_deadline(limits)  # every cell timing out, plus restarts and replays

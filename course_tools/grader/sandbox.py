@@ -155,11 +155,12 @@ def hidden_places(course_root: Path, extra: list[Path]) -> list[str]:
 
 
 def wrap(layout: Layout, *, course_lib: Path, python_path: list[str], hide: list[str],
-         launcher: str) -> tuple[list[str], dict[str, str]]:
+         launcher: str, installed: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """The bubblewrap command to put before the kernel's (it ends with "--"), and the traps
     (host folder -> the place it stands for), whose contents the worker watches. `course_lib`
     is bound read-only at layout.lib/course_lib; `launcher` (the kernel's launcher script) and
-    the `python_path` folders are bound read-only where they are."""
+    the `python_path` folders are bound read-only where they are. `installed`: where the course
+    is installed as a package (site-packages), hidden under the same copy."""
     args = [shutil.which("bwrap") or "bwrap", *_system_binds()]
     traps: dict[str, str] = {}
     for k, place in enumerate(hide):
@@ -176,6 +177,8 @@ def wrap(layout: Layout, *, course_lib: Path, python_path: list[str], hide: list
     for d in (layout.work, layout.io, layout.ipc, layout.home):
         args += ["--bind", str(d), str(d)]
     args += ["--ro-bind", str(course_lib), str(layout.lib / "course_lib")]
+    if installed is not None and installed != course_lib:
+        args += ["--ro-bind", str(course_lib), str(installed)]
     # ipykernel would take the namespace's init (pid 1) for a dead parent: no parent polling,
     # the kernel dies with bubblewrap instead (--die-with-parent).
     args += ["--remount-ro", "/", "--chdir", str(layout.work), "--unsetenv", "JPY_PARENT_PID",
