@@ -49,54 +49,54 @@ MEMORY_MB = 1024  # cap for the fixture kernels (they do not import torch)
 SANDBOXED = sandbox.unavailable() is None
 FULL = solved()
 
+
+
+def fails(**words: str | None) -> tuple[dict, dict]:
+    """The expected scores and feedback of a submission that loses the exercises named: full
+    points but 0 for each, whose feedback holds the words given (None: no words asserted)."""
+    return POINTS | dict.fromkeys(words, 0), {k: w for k, w in words.items() if w is not None}
+
+
 # name -> (notebook or raw bytes, expected {exercise: score}, words expected in the feedback)
 HOSTILE = {
     "correct.ipynb": (FULL, POINTS, {}),
-    "blank.ipynb": (submission(), {"fx_double_test": 0, "fx_square_test": 0, "fx_inc_test": 0},
-                    {"fx_double_test": "not written yet. Hint: multiply by FACTOR"}),
+    "blank.ipynb": (submission(), *fails(fx_double_test="not written yet. Hint: multiply by FACTOR",
+                                         fx_square_test=None, fx_inc_test=None)),
     "infinite_loop.ipynb": (
         solved(fx_square="def square(x):\n    while True:\n        pass"),
-        {"fx_double_test": 2, "fx_square_test": 0, "fx_inc_test": 1},
-        {"fx_square_test": "timed out after"}),
+        *fails(fx_square_test="timed out after")),
     "loop_ignores_interrupt.ipynb": (
         solved(fx_square="import signal\ndef square(x):\n"
                          "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
                          "    while True:\n        pass"),
-        {"fx_double_test": 2, "fx_square_test": 0, "fx_inc_test": 1},
-        {"fx_square_test": "ignored the interrupt"}),
+        *fails(fx_square_test="ignored the interrupt")),
     "os_exit_in_answer.ipynb": (
         solved(fx_double="def double(x):\n    return FACTOR * x\nimport os\nos._exit(3)"),
-        {"fx_double_test": 0, "fx_square_test": 3, "fx_inc_test": 1},
-        {"fx_double_test": "kernel died"}),
+        *fails(fx_double_test="kernel died")),
     "segfault_in_check.ipynb": (
         solved(fx_square="import faulthandler\ndef square(x):\n    faulthandler._sigsegv()"),
-        {"fx_double_test": 2, "fx_square_test": 0, "fx_inc_test": 1},
-        {"fx_square_test": "kernel died"}),
+        *fails(fx_square_test="kernel died")),
     # Allocated, never touched: the cap stops it within milliseconds however busy the machine
     # is (a bytearray zero-fills its pages, which took over the 5 s limit under load).
     "memory_bomb.ipynb": (
         solved(fx_inc="import numpy as np\ndef inc(x):\n    hog = []\n    while True:\n"
                       "        hog.append(np.empty(50 * 2**20, dtype=np.uint8))"),
-        {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 0},
-        {"fx_inc_test": "MemoryError"}),
+        *fails(fx_inc_test="MemoryError")),
     "output_flood.ipynb": (
         solved(fx_double="for _ in range(24):\n    print('x' * 2**20)\n" + SOLVED["fx_double"]),
         POINTS, {}),
     "deleted_cells.ipynb": (
         with_cells(FULL, drop("fx_square_test", "fx_inc")),
-        {"fx_double_test": 2, "fx_square_test": 0, "fx_inc_test": 0},
-        {"fx_square_test": "cell missing", "fx_inc_test": "answer cell missing"}),
+        *fails(fx_square_test="cell missing", fx_inc_test="answer cell missing")),
     "renamed_grade_id.ipynb": (
         with_cells(FULL, lambda cells: [c.metadata["nbgrader"].update(grade_id="mine")
                                         for c in cells if gid_of(c) == "fx_inc_test"]),
-        {"fx_double_test": 2, "fx_square_test": 3, "fx_inc_test": 0},
-        {"fx_inc_test": "cell missing"}),
+        *fails(fx_inc_test="cell missing")),
     "edited_tests.ipynb": (
         with_cells(solved(fx_double="def double(x):\n    return 0"),
                    lambda cells: [set_source("fx_double_test", "pass")(cells),
                                   set_source("fx_setup", "FACTOR = 0")(cells)]),
-        {"fx_double_test": 0, "fx_square_test": 3, "fx_inc_test": 1},
-        {"fx_double_test": "double(3) should be 6"}),
+        *fails(fx_double_test="double(3) should be 6")),
     "added_cells.ipynb": (
         with_cells(solved(fx_square="def square(x):\n    return helper(x)"),
                    lambda cells: cells.insert(3, nbformat.v4.new_code_cell(
@@ -104,8 +104,7 @@ HOSTILE = {
         POINTS, {}),
     "fails_hidden_test.ipynb": (
         solved(fx_double="def double(x):\n    return 6 if x == 3 else 0"),
-        {"fx_double_test": 0, "fx_square_test": 3, "fx_inc_test": 1},
-        {"fx_double_test": "double(-1) should be -2"}),
+        *fails(fx_double_test="double(-1) should be -2")),
     "writes_and_deletes_its_own_files.ipynb": (
         solved(fx_double="import glob, os\nfor p in glob.glob('*.ipynb'):\n    os.remove(p)\n"
                          "open('mine.txt', 'w').write('x')\nos.chmod('.', 0o500)\n"
@@ -125,8 +124,7 @@ HOSTILE = {
              "source": ["def inc(x):\n", "    return x + 1\n"], "outputs": []},
             {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "fx_inc_test"}},
              "source": "", "outputs": []}]}).encode(),
-        {"fx_double_test": 0, "fx_square_test": 0, "fx_inc_test": 1},
-        {"fx_double_test": "cell missing"}),
+        *fails(fx_double_test="cell missing", fx_square_test=None)),
     "unrelated_notebook.ipynb": (
         nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), None,
         "matches no notebook"),
