@@ -93,6 +93,11 @@ class Check:
     forbid: tuple = ()
     hints: tuple[str, ...] = ()
     grade_ids: tuple[str, ...] = ()
+    # grading only: the kernel's memory must grow by less than `memory_mb` while the probe runs
+    # (measured from outside the kernel: course_tools/grader/memory.py); `memory_note` is the
+    # feedback when it does not (a full score grid where the exercise is to tile it)
+    memory_mb: float | None = None
+    memory_note: str = ""
 
     def __post_init__(self):
         if not re.fullmatch(r"[a-z]\w*\.[A-Za-z_]\w*", self.id or ""):
@@ -195,7 +200,8 @@ Judge = Callable[[list, list], str]
 def function_check(exercise: int, *, cases: Callable[[int, bool], list],
                    args: tuple[str, ...] | None = None, run: Callable[..., Any] | None = None,
                    grade: str | None = None, forbid: tuple = (),
-                   hints: tuple[str, ...] | None = None) -> Callable[[Judge], Check]:
+                   hints: tuple[str, ...] | None = None, memory_mb: float | None = None,
+                   memory_note: str = "") -> Callable[[Judge], Check]:
     """A build or debug check, declared on its judge: the learner writes the function the
     judge is named after, and the check calls it on every case.
 
@@ -206,6 +212,7 @@ def function_check(exercise: int, *, cases: Callable[[int, bool], list],
     tiers (the check's section of `hints/<chapter>.md`, unless `hints=`) and the last tier
     (exercise `exercise` of the chapter's solution notebook) follow. `run` defaults to calling
     the learner's function on the case's entries `args` in order (args=None: on the case itself).
+    `memory_mb` / `memory_note`: see `Check` (grading measures the kernel's memory from outside).
     """
     def declare(judge: Judge) -> Check:
         name = judge.__name__
@@ -214,8 +221,8 @@ def function_check(exercise: int, *, cases: Callable[[int, bool], list],
             def runner(fn, case):
                 inputs = (case,) if args is None else tuple(case[a] for a in args)
                 return call(fn, *inputs, name=name)
-        return Check(cases=cases, run=runner, judge=judge, forbid=forbid,
-                     **_declared(name, exercise, judge, grade, hints))
+        return Check(cases=cases, run=runner, judge=judge, forbid=forbid, memory_mb=memory_mb,
+                     memory_note=memory_note, **_declared(name, exercise, judge, grade, hints))
     return declare
 
 

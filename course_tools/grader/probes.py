@@ -64,8 +64,22 @@ def prepare(call: CheckCall, io: Path, store: Path | None = None) -> Probe:
     return Probe(call, seed, cases, name, source)
 
 
-def judge(probe: Probe, collected: Path, cell_ran: bool) -> Verdict:
-    """The grader's own verdict on one probe, from the files the worker collected."""
+def judge(probe: Probe, collected: Path, cell_ran: bool,
+          grew_mb: float | None = None) -> Verdict:
+    """The grader's own verdict on one probe, from the files the worker collected. `grew_mb`:
+    how much the kernel's memory grew while the probe ran, as the worker read it from outside
+    (for a check with `memory_mb`; None where it could not be read)."""
+    verdict = _verdict(probe, collected, cell_ran)
+    limit = probe.call.check.memory_mb
+    if verdict.passed and limit is not None and grew_mb is not None and grew_mb >= limit:
+        return Verdict(False, f"{probe.call.check.name}: {probe.call.check.memory_note} (read "
+                              f"from outside the kernel: its memory grew by {grew_mb:.0f} MB "
+                              f"while your function ran on the check's cases; less than "
+                              f"{limit:.0f} MB passes)", verdict.flags)
+    return verdict
+
+
+def _verdict(probe: Probe, collected: Path, cell_ran: bool) -> Verdict:
     out = collected / probe.out
     if not out.exists():
         if cell_ran:  # the cell finished without error, yet the probe wrote nothing

@@ -200,7 +200,8 @@ def run_submission(name: str, data: bytes, plan: Plan, settings: Settings) -> Ru
         for i, (cell, st) in enumerate(zip(plan.cells, result.statuses)):
             if cell.role == "probe":
                 result.verdicts[i] = probes.judge(
-                    cell.probe, layout.ctl / "collected", st.get("status") == "ok"
+                    cell.probe, layout.ctl / "collected", st.get("status") == "ok",
+                    grew_mb=st.get("grew_mb"),
                 )
     finally:
         remove(layout.root)
@@ -219,6 +220,8 @@ def _run_worker(layout: sandbox.Layout, plan: Plan, settings: Settings,
         "limits": limits,  # the course's own cells get theirs, the learner's the --timeout
         "collect": [[c.probe.out] if c.role == "probe" else [] for c in plan.cells],
         "deliver": [[c.probe.inp] if c.role == "probe" else [] for c in plan.cells],
+        "measure": [c.role == "probe" and c.probe.call.check.memory_mb is not None
+                    for c in plan.cells],  # the kernel's memory, read from outside (memory.py)
         "disk": [str(layout.work), str(layout.io), str(layout.home), str(layout.ipc)],
         "cwd": str(layout.work),
         "io": str(layout.io),

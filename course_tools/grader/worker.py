@@ -26,7 +26,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_tools.grader import guard
+from course_tools.grader import guard, memory
 from course_tools.grader.limits import (
     DISK_FILES,
     DISK_MB,
@@ -201,10 +201,13 @@ class KernelRun:
         before = asyncio.all_tasks()
         t0 = time.monotonic()
         disk = asyncio.ensure_future(self.guard_disk())
+        measured = (self.spec.get("measure") or [False] * (i + 1))[i]
+        growth = memory.Growth(getattr(self.client.km.provisioner, "pid", None) if measured
+                               else None)
         try:
-            await asyncio.wait_for(
-                self.client.async_execute_cell(cell, i, store_history=False), limit + grace(limit)
-            )
+            with growth:
+                await asyncio.wait_for(self.client.async_execute_cell(
+                    cell, i, store_history=False), limit + grace(limit))
         except (DeadKernelError, asyncio.TimeoutError, asyncio.CancelledError):
             for task in asyncio.all_tasks() - before - {asyncio.current_task()}:
                 task.cancel()
@@ -218,7 +221,8 @@ class KernelRun:
         self.over = self.over or guard.over_quota(self.folders, self.disk_mb, DISK_FILES)
         if self.over is not None:
             return {"status": QUOTA, "reason": self.over}
-        return _status_of(cell, limit, time.monotonic() - t0)
+        return {**_status_of(cell, limit, time.monotonic() - t0),
+                **({"grew_mb": growth.mb} if measured else {})}
 
     async def guard_disk(self) -> None:
         """While a cell runs: stop the kernel as soon as its folders hold more than the quota
