@@ -124,6 +124,24 @@ def _cases(seed: int, hidden: bool) -> list:
     return [None]
 
 
+def _committing(decl: dict, read: Callable[[Any], Any], judged: Callable[[Any], str],
+                name: str, **info: Any) -> Check:
+    """The Check both declarations make: `run` (in the kernel) commits the value(s) the check
+    was called with, a tuple if several; the judge reads the record and hands it to `judged`."""
+    def run(*values_and_case: Any) -> Any:
+        values = values_and_case[:-1]
+        return commit(decl["id"], values[0] if len(values) == 1 else values, read)
+
+    def judge(cases: list, outcomes: list) -> str:
+        (_, got), = each(cases, outcomes)
+        return judged(read(_committed_value(got)))
+
+    judge.__name__ = name
+    check = Check(cases=_cases, run=run, judge=judge, **decl)
+    COMMITTING[check.id] = info
+    return check
+
+
 def commit_check(exercise: int, *, read: Callable[[Any], Any], grade: str | None = None,
                  reveals: tuple[str, ...] = (),
                  hints: tuple[str, ...] | None = None) -> Callable[[Callable], Check]:
@@ -134,21 +152,9 @@ def commit_check(exercise: int, *, read: Callable[[Any], Any], grade: str | None
     check passes for any well-formed committed prediction. `reveals`: grade ids of the cells
     that show the answer (the grader fails a commit made after one of them ran)."""
     def declare(observe_fn: Callable[[Any], str]) -> Check:
-        check_name = observe_fn.__name__
-        decl = _declared(check_name, exercise, observe_fn, grade, hints)
-
-        def run(*values_and_case: Any) -> Any:
-            values = values_and_case[:-1]
-            return commit(decl["id"], values[0] if len(values) == 1 else values, read)
-
-        def judge(cases: list, outcomes: list) -> str:
-            (_, got), = each(cases, outcomes)
-            return observe_fn(read(_committed_value(got)))
-
-        judge.__name__ = check_name
-        check = Check(cases=_cases, run=run, judge=judge, **decl)
-        COMMITTING[check.id] = {"reveals": tuple(reveals), "kind": "commit"}
-        return check
+        name = observe_fn.__name__
+        return _committing(_declared(name, exercise, observe_fn, grade, hints), read,
+                           observe_fn, name, reveals=tuple(reveals), kind="commit")
     return declare
 
 
@@ -181,12 +187,7 @@ def choice_check(exercise: int, name: str = "", letters: str = "", *, module: st
     stub.__module__ = module
     decl = _declared(name, exercise, stub, grade, hints)
 
-    def run(*values_and_case: Any) -> Any:
-        return commit(decl["id"], values_and_case[0], read)
-
-    def judge(cases: list, outcomes: list) -> str:
-        (_, got), = each(cases, outcomes)
-        letter = read(_committed_value(got))
+    def judged(letter: str) -> str:
         if choices is None:
             texts, right_letter = choice_texts(decl["id"], letters)
         else:
@@ -196,10 +197,7 @@ def choice_check(exercise: int, name: str = "", letters: str = "", *, module: st
             raise CheckFailure(f"you chose {letter!r}: {texts[letter]}")
         return texts[letter]
 
-    judge.__name__ = name
-    check = Check(cases=_cases, run=run, judge=judge, **decl)
-    COMMITTING[check.id] = {"reveals": (), "kind": "choice", "letters": letters}
-    return check
+    return _committing(decl, read, judged, name, reveals=(), kind="choice", letters=letters)
 
 
 _CHOICE = re.compile(r"^- ([a-z])( \(right\))?: (.*)$")
