@@ -141,3 +141,14 @@ def make_course(root: Path) -> tuple[Path, Path]:
     if str(pylib) not in sys.path:
         sys.path.insert(0, str(pylib))
     return solutions, pylib
+
+
+def course_with(root: Path, submissions: dict) -> tuple[Path, Path, Path]:
+    """make_course, plus a submissions/ folder holding each `name -> notebook (or bytes)`:
+    returns (solutions, pylib, submissions)."""
+    solutions, pylib = make_course(root)
+    subs = root / "submissions"
+    subs.mkdir()
+    for name, content in submissions.items():
+        write(subs, name, content)
+    return solutions, pylib, subs

@@ -24,9 +24,9 @@ import pytest
 from grading_fixture import (
     POINTS,
     SOLVED,
+    course_with,
     drop,
     gid_of,
-    make_course,
     set_source,
     solved,
     submission,
@@ -145,11 +145,7 @@ def _digests(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def fixture_course(tmp_path_factory):
     root = tmp_path_factory.mktemp("grading")
-    solutions, pylib = make_course(root)
-    subs = root / "submissions"
-    subs.mkdir()
-    for name, (content, _, _) in HOSTILE.items():
-        write(subs, name, content)
+    solutions, pylib, subs = course_with(root, {n: c for n, (c, _, _) in HOSTILE.items()})
     return root, solutions, subs, pylib
 
 

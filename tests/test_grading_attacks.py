@@ -22,7 +22,7 @@ import nbformat
 import numpy as np
 import pytest
 import torch  # noqa: F401 - imported before the memory is measured (the grader imports it)
-from grading_fixture import POINTS, SOLVED, make_course, solved, submission, with_cells, write
+from grading_fixture import POINTS, SOLVED, course_with, solved, submission, with_cells
 
 from course_tools import grader as grading
 from course_tools.grader import sandbox
@@ -222,11 +222,8 @@ DISK_MB = 64  # the attacks' run: a small quota, so filling it is quick
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
     root = tmp_path_factory.mktemp("attacks")
-    solutions, pylib = make_course(root)
-    subs = root / "submissions"
-    subs.mkdir()
-    for name, (nb, _) in {**ATTACKS, **BOUNDED}.items():
-        write(subs, name, nb)
+    solutions, pylib, subs = course_with(root, {n: nb for n, (nb, _) in
+                                                {**ATTACKS, **BOUNDED}.items()})
     return root, solutions, pylib, subs
 
 
@@ -327,12 +324,17 @@ def _environment(**values):
                 os.environ[k] = v
 
 
-@pytest.mark.parametrize("name", sorted(ATTACKS))
-def test_an_attack_scores_0_and_is_flagged_on_what_it_attacks(attacked, name):
+def _result(attacked, name: str):
+    """(mode, the result of submission `name`); skipped where only the sandboxed run has it."""
     mode, results, *_ = attacked
     if name not in results:
         pytest.skip("covered by the sandboxed run")
-    r = results[name]
+    return mode, results[name]
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_an_attack_scores_0_and_is_flagged_on_what_it_attacks(attacked, name):
+    mode, r = _result(attacked, name)
     assert len(r.exercises) == len(POINTS)
     assert r.error is None or "worker stopped" in r.error, r.error
     want = ATTACKS[name][1]
@@ -425,10 +427,7 @@ def test_the_scan_names_each_cheat(source, words):
 
 @pytest.mark.parametrize("name", sorted(BOUNDED))
 def test_what_a_submission_sends_back_is_bounded(attacked, name):
-    mode, results, *_ = attacked
-    if name not in results:
-        pytest.skip("covered by the sandboxed run")
-    r = results[name]
+    mode, r = _result(attacked, name)
     assert r.error is None, r.error
     for e in r.exercises:
         points, flagged, words = BOUNDED[name][1][e.id]
