@@ -1,0 +1,172 @@
+"""The real nbgrader grades every chapter as `course grade` does: the solution full marks, the
+blank 0, out of the same points.
+
+docs/instructors.md ("Using the notebooks with nbgrader") tells an instructor to put each solution
+notebook into an nbgrader assignment of its own, `nbgrader generate_assignment` it, then release,
+collect and `nbgrader autograde`. This does exactly that, once for the whole module, in a
+throwaway nbgrader course under tmp_path: its own nbgrader_config.py, gradebook, kernelspec
+(this interpreter) and Jupyter/IPython folders, so no user or global configuration is read or
+written and nothing reaches the network. Two learners hand in every chapter: "solved" the
+solution notebook as it is, "blank" the generated release notebook unchanged. One
+`nbgrader autograde` call grades all of them; the tests then read the gradebook.
+
+nbgrader scores a grade cell 0 when it raises or writes to stderr, its points otherwise, so this
+also checks that no check cell of a correct answer writes a warning and that a blank's every
+check cell raises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_tools.grader.read import parse_source
+
+pytest.importorskip("nbgrader", reason="nbgrader is a test dependency: pip install -e .[test]")
+from nbgrader.api import Gradebook  # noqa: E402  (after the skip: nbgrader is optional)
+
+REPO = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted(p.name for p in (REPO / "solutions").glob("[0-9][0-9]_*.ipynb")
+                  if (REPO / "exercises" / p.name).exists())
+KERNEL = "attention-course-nbgrader-test"
+CELL_TIMEOUT = 120  # seconds per cell, as the suite's nbval runs (each notebook runs in < 60 s)
+TOTAL_TIMEOUT = 600  # seconds for one nbgrader command (each takes about 90 s here)
+STUDENTS = ("solved", "blank")
+COURSES = 2 if (os.cpu_count() or 1) >= 2 else 1  # nbgrader courses graded side by side
+
+
+def assignment(name: str) -> str:
+    return "ch" + name[:2]
+
+
+def nbgrader(args: list[str], course: Path, env: dict) -> None:
+    """One nbgrader command, this interpreter's nbgrader (never a bare `nbgrader` from PATH)."""
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=TOTAL_TIMEOUT)
+    assert done.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{done.stdout[-8000:]}"
+
+
+def isolated_env(tmp: Path) -> dict:
+    """The environment nbgrader and its kernels run in: every Jupyter and IPython folder in tmp,
+    the kernel this interpreter. TRITON_INTERPRET is removed (the test session's conftest sets
+    it): chapter 08's set-up cell chooses Triton's interpreter itself, as on a learner's laptop."""
+    kernels = tmp / "jupyter_data" / "kernels" / KERNEL
+    kernels.mkdir(parents=True)
+    (kernels / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (attention course, nbgrader test)", "language": "python"}))
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"TRITON_INTERPRET", "MPLBACKEND", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH"}}
+    for var, folder in {"JUPYTER_CONFIG_DIR": "jupyter_config", "JUPYTER_DATA_DIR": "jupyter_data",
+                        "JUPYTER_RUNTIME_DIR": "jupyter_runtime", "IPYTHONDIR": "ipython",
+                        "MPLCONFIGDIR": "mplconfig"}.items():
+        (tmp / folder).mkdir(exist_ok=True)
+        env[var] = str(tmp / folder)
+    env["JUPYTER_PATH"] = str(tmp / "jupyter_data")
+    # nbgrader runs `alembic` from PATH when it creates a gradebook: this environment's, which
+    # is not on PATH when the tests run as .venv/bin/python without activating it
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def write_config(course: Path, db_url: str) -> None:
+    (course / "nbgrader_config.py").write_text(
+        "c = get_config()  # noqa: F821\n"
+        f"c.CourseDirectory.root = {str(course)!r}\n"
+        f"c.CourseDirectory.db_url = {db_url!r}\n"
+        f"c.Execute.kernel_name = {KERNEL!r}\n"
+        f"c.Execute.timeout = {CELL_TIMEOUT}\n"
+        "c.Execute.startup_timeout = 120\n")
+
+
+def grade_course(tmp: Path, names: list[str]) -> dict:
+    """One nbgrader course for the chapters named: generate their assignments, hand in both
+    learners' notebooks, autograde them all in one call, and read the gradebook:
+    {(chapter, student): (score, max_score, {grade cell: (score, max_score)}, the notebook
+    nbgrader executed)}."""
+    course = tmp / "course"
+    course.mkdir(parents=True)
+    db_url = f"sqlite:///{course / 'gradebook.db'}"
+    env = isolated_env(tmp)
+    write_config(course, db_url)
+    solutions = {name: (REPO / "solutions" / name).read_bytes() for name in names}
+    for name in names:
+        (course / "source" / assignment(name)).mkdir(parents=True)
+        (course / "source" / assignment(name) / name).write_bytes(solutions[name])
+    nbgrader(["generate_assignment", "*"], course, env)  # every assignment in source/
+    for name in names:
+        released = (course / "release" / assignment(name) / name).read_bytes()
+        for student, nb in (("solved", solutions[name]), ("blank", released)):
+            into = course / "submitted" / student / assignment(name)
+            into.mkdir(parents=True)
+            (into / name).write_bytes(nb)
+    nbgrader(["autograde", "*"], course, env)
+    results = {}
+    with Gradebook(db_url) as gb:
+        for name in names:
+            for student in STUDENTS:
+                sub = gb.find_submission(assignment(name), student)
+                nb = gb.find_submission_notebook(Path(name).stem, assignment(name), student)
+                cells = {g.name: (g.score, g.max_score) for g in nb.grades}
+                autograded = course / "autograded" / student / assignment(name) / name
+                results[name, student] = (sub.score, sub.max_score, cells, autograded)
+    return results
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Every chapter graded by nbgrader. With two cores, two independent nbgrader courses (each
+    its own folders, gradebook and kernels; nothing shared) grade half of the chapters each at
+    the same time."""
+    tmp = tmp_path_factory.mktemp("nbgrader")
+    groups = [CHAPTERS[i::COURSES] for i in range(COURSES)]
+    with ThreadPoolExecutor(COURSES) as pool:
+        parts = pool.map(grade_course, [tmp / f"course{i}" for i in range(COURSES)], groups)
+        return {key: value for part in parts for key, value in part.items()}
+
+
+def outputs(autograded: Path, cells: list[str]) -> dict:
+    """What each grade cell named printed to stderr or raised, as nbgrader executed it."""
+    nb = nbformat.read(autograded, as_version=4)
+    said = {}
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in cells:
+            said[gid] = [o.get("text") or f"{o.get('ename')}: {o.get('evalue')}"[:2000]
+                         for o in cell.get("outputs", [])
+                         if o.output_type == "error" or o.get("name") == "stderr"]
+    return said
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_nbgrader_gives_the_solution_full_marks(graded, name):
+    """A grade cell loses its points in nbgrader when it raises or writes to stderr."""
+    score, max_score, cells, autograded = graded[name, "solved"]
+    assert score == max_score > 0, outputs(autograded, [c for c, s in cells.items() if s[0] < s[1]])
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_nbgrader_gives_the_blank_zero(graded, name):
+    """Every check cell of the generated student version raises."""
+    score, max_score, cells, _ = graded[name, "blank"]
+    assert score == 0 and max_score > 0, {c: s for c, s in cells.items() if s[0]}
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_nbgrader_counts_the_points_course_grade_counts(graded, name):
+    """The same graded cells, each worth the same points, in both graders."""
+    source = parse_source(REPO / "solutions" / name,
+                          nbformat.read(REPO / "solutions" / name, as_version=4))
+    ours = {gid: points for gid, points, _ in source.graded}
+    for student in STUDENTS:
+        _, max_score, cells, _ = graded[name, student]
+        assert {c: m for c, (_, m) in cells.items()} == ours
+        assert max_score == sum(ours.values())
