@@ -85,27 +85,37 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_vn,
         if UPCAST:  # the interpreter's bf16 dot is wrong: do it in fp32 there
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k))                          # raw scores s, (BLOCK_M, BLOCK_N)
-        if STAGE == 2:
-            qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
-        if STAGE == 3 and not EVEN:
-            qk = tl.where(cols[None, :] < N_KV, qk, float("-inf"))
-        # The online-softmax update, in base 2 with t = qk_scale·s. Before this block the row holds
-        #     l_i = sum_j 2^(t_j - m_i)   and   acc = sum_j 2^(t_j - m_i) v_j
-        # over the keys seen so far. With the new max m_ij = max(m_i, max_j t_j) every old term
-        # must be measured against m_ij instead:  2^(t_j - m_ij) = 2^(t_j - m_i) · 2^(m_i - m_ij),
-        # so both sums are multiplied by alpha = 2^(m_i - m_ij) <= 1 and the new block's terms,
-        # p = 2^(t - m_ij), are added. The scale is positive, so max_j t_j = qk_scale · max_j s_j,
-        # and t - m_ij = qk_scale·s - m_ij is one multiply-add per score.
-        # Every row sees at least one key in its first block, so m_ij is finite and alpha is too.
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_i = _attn_fwd_block(l_i, m_i, q, k, cols, offs_m, qk_scale, N_KV,
+                                             STAGE, EVEN)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_ij
     return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_block(l_i, m_i, q, k, cols, offs_m, qk_scale, N_KV,
+                    STAGE: tl.constexpr, EVEN: tl.constexpr):
+    """One key block of either forward (pointer or TMA loads): its scores, their masks and the
+    online-softmax update of l_i and m_i; returns (p, alpha, l_i, m_i), and the caller adds
+    p·v to acc rescaled by alpha (each forward writes that line as ptxas allocates it best)."""
+    qk = tl.dot(q, tl.trans(k))                              # raw scores s, (BLOCK_M, BLOCK_N)
+    if STAGE == 2:
+        qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
+    if STAGE == 3 and not EVEN:
+        qk = tl.where(cols[None, :] < N_KV, qk, float("-inf"))
+    # The online-softmax update, in base 2 with t = qk_scale·s. Before this block the row holds
+    #     l_i = sum_j 2^(t_j - m_i)   and   acc = sum_j 2^(t_j - m_i) v_j
+    # over the keys seen so far. With the new max m_ij = max(m_i, max_j t_j) every old term
+    # must be measured against m_ij instead:  2^(t_j - m_ij) = 2^(t_j - m_i) · 2^(m_i - m_ij),
+    # so both sums are multiplied by alpha = 2^(m_i - m_ij) <= 1 and the new block's terms,
+    # p = 2^(t - m_ij), are added. The scale is positive, so max_j t_j = qk_scale · max_j s_j,
+    # and t - m_ij = qk_scale·s - m_ij is one multiply-add per score.
+    # Every row sees at least one key in its first block, so m_ij is finite and alpha is too.
+    m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
+    alpha = tl.math.exp2(m_i - m_ij)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_ij
 
 
 @triton.jit
@@ -114,7 +124,7 @@ def _attn_fwd_inner_tma(acc, l_i, m_i, q, K_desc, V_desc, start_m, qk_scale, N_K
                         EVEN: tl.constexpr, UPCAST: tl.constexpr):
     """_attn_fwd_inner with K and V read through tensor descriptors: the copy engine (TMA) loads
     whole tiles, rows past N_KV as 0, instead of each thread computing addresses. The masks and
-    the online-softmax update are _attn_fwd_inner's."""
+    the online-softmax update are _attn_fwd_block's, as in _attn_fwd_inner."""
     lo, hi = _stage_range(start_m, N_KV, BLOCK_M, STAGE)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -124,17 +134,9 @@ def _attn_fwd_inner_tma(acc, l_i, m_i, q, K_desc, V_desc, start_m, qk_scale, N_K
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k))
-        if STAGE == 2:
-            qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
-        if STAGE == 3 and not EVEN:
-            qk = tl.where(cols[None, :] < N_KV, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_i = _attn_fwd_block(l_i, m_i, q, k, cols, offs_m, qk_scale, N_KV,
+                                             STAGE, EVEN)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_ij
     return acc, l_i, m_i
 
 

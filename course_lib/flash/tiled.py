@@ -38,8 +38,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q_blk, k, v, start_m, lo, hi, block_size, dia
                     window=None):
     """Walk the key blocks [lo, hi) for one block of queries, updating the running statistics.
 
-    The same loop as the kernel's `_attn_fwd_inner` (see the comment there for why `alpha`
-    rescales what came before). m_i: running max, l_i: running sum, acc: running output.
+    The same loop as the kernel's `_attn_fwd_inner` (see the comment in its `_attn_fwd_block`
+    for why `alpha` rescales what came before). m_i: running max, l_i: running sum, acc: running
+    output.
     window (chapter 09): also mask keys j <= i - window, the left edge of a sliding window.
     """
     rows = start_m + torch.arange(q_blk.shape[-2], device=q_blk.device)  # query positions
