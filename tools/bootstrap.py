@@ -62,8 +62,21 @@ def setup() -> None:
     # Register the environment's kernel so JupyterLab runs notebooks with this interpreter.
     run(PY, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3",
         "--display-name", "Python 3 (attention course)")
+    hide_nbgrader_ui()
     STAMP.write_text(stamp)
     say("environment ready")
+
+
+def hide_nbgrader_ui() -> None:
+    """nbgrader is a test dependency (tests/test_nbgrader.py runs its command line); its
+    JupyterLab and server extensions would add an Nbgrader menu, a Validate button and a Create
+    Assignment panel to the learners' JupyterLab and the hub's servers. Off, in .venv only."""
+    jupyter = [PY, "-m", "jupyter"]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    for ext in ("formgrader", "validate_assignment", "assignment_list", "course_list"):
+        run(*jupyter, "server", "extension", "disable", "--sys-prefix",
+            f"nbgrader.server_extensions.{ext}", **quiet)
+    run(*jupyter, "labextension", "disable", "--level=sys_prefix", "@jupyter/nbgrader", **quiet)
 
 
 def setup_hub_proxy() -> None:
