@@ -8,7 +8,8 @@ throwaway nbgrader course under tmp_path: its own nbgrader_config.py, gradebook,
 (this interpreter) and Jupyter/IPython folders, so no user or global configuration is read or
 written and nothing reaches the network. Two learners hand in every chapter: "solved" the
 solution notebook as it is, "blank" the generated release notebook unchanged. One
-`nbgrader autograde` call grades all of them; the tests then read the gradebook.
+`nbgrader autograde` call grades a course's submissions (with two cores, two such courses of
+half the chapters each run side by side: about a minute); the tests then read the gradebooks.
 
 nbgrader scores a grade cell 0 when it raises or writes to stderr, its points otherwise, so this
 also checks that no check cell of a correct answer writes a warning and that a blank's every
