@@ -9,7 +9,7 @@ throwaway nbgrader course under tmp_path: its own nbgrader_config.py, gradebook,
 written and nothing reaches the network. Two learners hand in every chapter: "solved" the
 solution notebook as it is, "blank" the generated release notebook unchanged. One
 `nbgrader autograde` call grades a course's submissions (with two cores, two such courses of
-half the chapters each run side by side: about a minute); the tests then read the gradebooks.
+half the chapters each run side by side: 1 to 2 minutes); the tests then read the gradebooks.
 
 nbgrader scores a grade cell 0 when it raises or writes to stderr, its points otherwise, so this
 also checks that no check cell of a correct answer writes a warning and that a blank's every
