@@ -180,6 +180,7 @@ def test_hints_and_explanations_say_nothing_in_the_kernel(stripped):
         real = chapter_hints(md.stem)
         assert set(re.findall(r"^## (\S+)", text, re.M)) == set(real)
         assert set(re.findall(r"^\d+\. (.*)$", text, re.M)) <= {strip.PLACEHOLDER_TIER}
+        assert "(right)" not in text and "\n- " not in text
     source = (stripped / "checks" / "ch01.py").read_text(encoding="utf-8")
     original = (Path(course_lib.__file__).parent / "checks" / "ch01.py").read_text("utf-8")
     for feedback in re.findall(r'"([a-z]\w{3,}[^"]{40,})"', original):
@@ -215,6 +216,15 @@ THREAD = (  # a pool warmed before the check runs the reference where no trap lo
     "_pool.submit(int).result()\n"
     "def soft_lookup(query, keys, values, temperature=1.0):\n"
     "    return _pool.submit(_reference, query, keys, values, temperature).result()\n")
+FULL_GRID = (  # the issue's cheat: a full-grid causal attention in NumPy (0 FLOPs, ~0 bytes)
+    "import numpy as np\n"
+    "def causal_tiled(q, k, v, block_size):\n"
+    "    Q, K, V = (np.asarray(t, dtype=np.float64) for t in (q, k, v))\n"
+    "    n = len(Q)\n"
+    "    s = Q @ K.T / np.sqrt(Q.shape[1])\n"
+    "    s[np.arange(n)[:, None] < np.arange(n)[None, :]] = -np.inf\n"
+    "    w = np.exp(s - s.max(1, keepdims=True))\n"
+    "    return torch.tensor((w / w.sum(1, keepdims=True)) @ V, dtype=q.dtype)\n")
 CHEATS = {  # name -> (notebook, answer cell, its source, the graded cell it must lose)
     "ch01_disarms_forbid": ("01_soft_dictionary.ipynb", "ch01_soft_lookup", DISARM,
                             "ch01_soft_lookup_test"),
@@ -240,6 +250,8 @@ CHEATS = {  # name -> (notebook, answer cell, its source, the graded cell it mus
                             "def online_update(m, l, scores):\n"
                             "    return check._reference_update(m, l, scores)\n",
                             "ch08_online_update_test"),
+    "ch08_full_grid_in_numpy": ("08_efficient_kernel.ipynb", "ch08_causal_tiled", FULL_GRID,
+                                "ch08_causal_tiled_test"),
     "ch10_checker_block": ("10_the_transformer.ipynb", "ch10_block",
                            "def transformer_block(x, params, num_heads, mask=None):\n"
                            "    return check._variant(x, params, num_heads, mask)\n",
@@ -272,4 +284,4 @@ def test_a_cheat_that_calls_a_reference_the_kernel_had_scores_0(cheated, name):
     assert scores[target].score == 0, (target, scores[target].feedback)
     feedback = scores[target].feedback
     assert scores[target].flagged or "does not have it" in feedback or \
-        strip.IN_GRADER in feedback, feedback
+        strip.IN_GRADER in feedback or "read from outside the kernel" in feedback, feedback

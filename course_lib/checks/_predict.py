@@ -158,9 +158,8 @@ def commit_check(exercise: int, *, read: Callable[[Any], Any], grade: str | None
     return declare
 
 
-def choice_check(exercise: int, name: str = "", letters: str = "", *, module: str,
-                 grade: str | None = None, hints: tuple[str, ...] | None = None,
-                 choices: dict[str, str | None] | None = None, right: str | None = None) -> Check:
+def choice_check(exercise: int, name: str, letters: str, *, module: str,
+                 grade: str | None = None, hints: tuple[str, ...] | None = None) -> Check:
     """The short explanation after a reveal, as a multiple choice of `letters`:
 
         temperature_why = choice_check(5, "temperature_why", "abc", module=__name__)
@@ -170,10 +169,7 @@ def choice_check(exercise: int, name: str = "", letters: str = "", *, module: st
     the success message. They are read when judging, never at import (the grading kernel's copy
     of the md holds none of them), so the kernel knows only the letters. The first answer is
     recorded like a prediction; only the right letter earns the points. `module` is the chapter
-    module (its hints and SOLUTION). (`choices`/`right` give the texts inline instead: each
-    letter's feedback, None for the right one; chapter 08's form until it moves to its md.)"""
-    if choices is not None:
-        letters = "".join(choices)
+    module (its hints and SOLUTION)."""
     if not name or not letters:
         raise ValueError("choice_check needs the check's name and its letters")
 
@@ -188,11 +184,7 @@ def choice_check(exercise: int, name: str = "", letters: str = "", *, module: st
     decl = _declared(name, exercise, stub, grade, hints)
 
     def judged(letter: str) -> str:
-        if choices is None:
-            texts, right_letter = choice_texts(decl["id"], letters)
-        else:
-            right_letter = next(k for k, v in choices.items() if v is None)
-            texts = {**choices, right_letter: right}
+        texts, right_letter = choice_texts(decl["id"], letters)
         if letter != right_letter:
             raise CheckFailure(f"you chose {letter!r}: {texts[letter]}")
         return texts[letter]

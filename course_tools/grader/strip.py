@@ -13,8 +13,9 @@ chapter per run:
   kernel half is left: what the checks' `run=` / `read=` arguments need, and the public helpers
   the exercise notebooks use (their data). Judges, references and measurements are stubs; the
   grader judges in its own process, with the real modules;
-* the explanation choices of `choice_check` keep their letters, not which one is right or what
-  each means; every `checks/hints/*.md` keeps its headings and one placeholder tier.
+* every `checks/hints/*.md` keeps its headings and one placeholder tier: no hint, and none of
+  the explanation choices' texts or which letter is right (`choice_check` declares only its
+  letters in Python and reads the rest from the md when judging).
 
 What a stub cannot take away: torch's own functions (`torch.softmax`, autograd) are still there;
 `forbid` traps their use per exercise as before, and that trap lives in the learner's process.
@@ -32,7 +33,7 @@ from importlib import import_module
 from pathlib import Path
 
 CHECKER_FILE = re.compile(r"_?ch\d+(_\w+)?\.py")
-KERNEL_KEYWORDS = ("run", "read", "args", "forbid", "letters")  # what the kernel half uses
+KERNEL_KEYWORDS = ("run", "read", "args", "forbid")  # what the kernel half uses
 PLACEHOLDER_TIER = "Hints are not shown while grading."
 IN_GRADER = ("this is the checkers' own code, which runs only in the grader's process: an answer "
              "cannot call it")
@@ -192,16 +193,6 @@ def _kernel_names(call: ast.Call) -> set[str]:
     return set().union(*(_names(k.value) for k in call.keywords if k.arg in KERNEL_KEYWORDS))
 
 
-def _strip_choices(call: ast.Call) -> None:
-    """A choice_check keeps its letters; which one is right, and what each means, goes."""
-    for k in call.keywords:
-        if k.arg == "choices" and isinstance(k.value, ast.Dict):
-            k.value.values = [ast.Constant(None if i == 0 else "")
-                              for i, _ in enumerate(k.value.values)]
-        elif k.arg == "right":
-            k.value = ast.Constant("")
-
-
 class _Module:
     def __init__(self, name: str, path: Path):
         self.name, self.path = name, path
@@ -227,9 +218,6 @@ class _Module:
                     else:
                         self.roots |= _names(deco)
             else:  # runs at import: what it names must exist and work
-                for call in ast.walk(node):
-                    if isinstance(call, ast.Call) and _is_check_factory(call):
-                        _strip_choices(call)
                 self.roots |= _names_outside_checks(node)
 
     def checks(self, name: str) -> bool:
