@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 import course_lib.flash as flash
 import course_lib.flash.tiled as tiled
@@ -105,6 +106,16 @@ def online_update(cases: list, outcomes: list) -> str:
 MEMORY_N, MEMORY_BLOCK = 512, 128
 
 
+def _warm_flop_counter() -> None:
+    """FlopCounterMode's first use loads about 150 MB of torch's dispatch machinery, for good.
+    Done once when this module is imported (in grading, the grader's first cell), so that the
+    kernel's memory read while causal_tiled's probe runs (Check.memory_mb) is the answer's own."""
+    with FlopCounterMode(display=False):
+        torch.zeros(2, 2) @ torch.zeros(2, 2)
+
+
+_warm_flop_counter()
+
 GRID_N = 8192  # a hidden case when grading: its (n, n) score grid alone is 256 MiB in float32
 GRID_MB = GRID_N * GRID_N * 4 / 2**20
 
@@ -131,12 +142,14 @@ def _tiled_cases(seed: int, hidden: bool) -> list:
               "k": torch.randn(n, d, generator=g, dtype=torch.float64),
               "v": torch.randn(n, d_v, generator=g, dtype=torch.float64),
               "block_size": block, "measure": None} for n, d, d_v, block in shapes]
-    if hidden:  # judged by the kernel's memory, read from outside it (Check.memory_mb)
-        cases.append({**{x: torch.randn(GRID_N, 16, generator=g) for x in "qkv"},
-                      "block_size": MEMORY_BLOCK, "measure": None})
     q, k, v = (torch.randn(MEMORY_N, 16, generator=g) for _ in range(3))
-    return cases + [{"q": q, "k": k, "v": v, "block_size": MEMORY_BLOCK, "measure": "memory"},
-                    {"q": q, "k": k, "v": v, "block_size": MEMORY_BLOCK, "measure": "flops"}]
+    cases.append({"q": q, "k": k, "v": v, "block_size": MEMORY_BLOCK, "measure": "flops"})
+    if hidden:  # grading: memory is read from outside the kernel (Check.memory_mb), at GRID_N
+        return cases + [{**{x: torch.randn(GRID_N, 16, generator=g) for x in "qkv"},
+                         "block_size": MEMORY_BLOCK, "measure": None}]
+    # in the notebook, peak_bytes (torch's profiler) counts it, which itself costs the kernel
+    # about 100 MB: too much beside the grader's outside measurement
+    return cases + [{"q": q, "k": k, "v": v, "block_size": MEMORY_BLOCK, "measure": "memory"}]
 
 
 def _tiled_run(fn, case):
@@ -149,8 +162,6 @@ def _tiled_run(fn, case):
 
         peak = peak_bytes(lambda: box.append(call(fn, *args, name="causal_tiled")))
         return {"peak": peak, "out": box[0] if box else None}
-    from torch.utils.flop_counter import FlopCounterMode
-
     with FlopCounterMode(display=False) as counter:
         out = call(fn, *args, name="causal_tiled")
     return {"flops": counter.get_total_flops(), "out": out}
@@ -189,10 +200,11 @@ def causal_tiled(cases: list, outcomes: list) -> str:
                           "block ends and mask the scores above the diagonal inside the block "
                           f"that straddles it. (Case: n={q.shape[0]}, block_size={block}.)")
     grid = MEMORY_N * MEMORY_N * 4
-    if not isinstance(peak, int) or isinstance(peak, bool) or \
-            not isinstance(flops, int) or isinstance(flops, bool):
+    in_kernel = any(case["measure"] == "memory" for case in cases)
+    if not isinstance(flops, int) or isinstance(flops, bool) or in_kernel and (
+            not isinstance(peak, int) or isinstance(peak, bool)):
         fail("the measurement of causal_tiled came back malformed.")
-    if peak >= grid / 2:
+    if in_kernel and peak >= grid / 2:
         fail(f"with n = {MEMORY_N} and block_size = {MEMORY_BLOCK}, your function had "
              f"{peak / 2**20:.2f} MiB allocated at its peak, about the size of the full "
              f"{MEMORY_N}x{MEMORY_N} score grid ({grid / 2**20:.2f} MiB): compute scores one "
@@ -202,9 +214,13 @@ def causal_tiled(cases: list, outcomes: list) -> str:
         fail(f"your function spends {flops:,} FLOPs at n = {MEMORY_N}, as much as the full grid "
              f"({full:,}): it computes the tiles above the diagonal and throws them away. Skip "
              "every key block that starts after the query block ends.")
-    return (f"causal_tiled: matches causal SDPA on ragged sizes, skips the future tiles "
-            f"({flops / full:.2f} of the full FLOPs at n = {MEMORY_N}) and peaks at "
-            f"{peak / 2**20:.2f} MiB, well below the {grid / 2**20:.0f} MiB score grid.")
+    skips = (f"causal_tiled: matches causal SDPA on ragged sizes, skips the future tiles "
+             f"({flops / full:.2f} of the full FLOPs at n = {MEMORY_N})")
+    if not in_kernel:
+        return (f"{skips}; at n = {GRID_N} its memory is judged from outside the kernel, "
+                f"against the {GRID_MB:.0f} MiB score grid.")
+    return (f"{skips} and peaks at {peak / 2**20:.2f} MiB, well below the "
+            f"{grid / 2**20:.0f} MiB score grid.")
 
 
 # ---------------------------------------------------------------- exercises 3 and 4
@@ -215,8 +231,6 @@ MEASURE_BLOCK = 64   # exercise 4 measures at a block size the prediction's reve
 
 def _flops(n: int, d: int, block: int, causal: bool) -> int:
     """FLOPs of the course's tiled_attention (one head) at this size."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     q = k = v = torch.zeros(1, n, d)
     with FlopCounterMode(display=False) as counter:
         tiled.tiled_attention(q, k, v, causal=causal, block_size=block)
