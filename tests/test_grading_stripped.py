@@ -11,6 +11,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -170,6 +171,27 @@ def test_a_function_the_chapters_own_cells_need_stays(build):
         "out = [list(rnn(torch.randn(1, 5, 3))[0].shape),\n"
         "       list(TransformerBlock(8, 2, 16)(torch.randn(1, 3, 8)).shape)]"))
     assert got == [[1, 5, 4], [1, 3, 8]]
+
+
+def test_an_installed_course_is_hidden_under_the_same_copy(tmp_path):
+    """A course installed into site-packages (not editable) would hold the whole course_lib
+    where the kernel can import it by path: the sandbox binds the stripped copy over it too."""
+    from course_tools.grader import sandbox
+
+    layout = sandbox.Layout.create()
+    try:
+        copy, installed = tmp_path / "copy" / "course_lib", tmp_path / "site" / "course_lib"
+        args, _ = sandbox.wrap(layout, course_lib=copy, python_path=[], hide=[],
+                               launcher=str(tmp_path / "launcher.py"), installed=installed)
+        binds = [tuple(args[i + 1:i + 3]) for i, a in enumerate(args) if a == "--ro-bind"]
+        assert (str(copy), str(layout.lib / "course_lib")) in binds
+        assert (str(copy), str(installed)) in binds
+        args, _ = sandbox.wrap(layout, course_lib=copy, python_path=[], hide=[],
+                               launcher=str(tmp_path / "launcher.py"))
+        assert not any(dst == str(installed) for _, dst in
+                       [tuple(args[i + 1:i + 3]) for i, a in enumerate(args) if a == "--ro-bind"])
+    finally:
+        shutil.rmtree(layout.root, ignore_errors=True)
 
 
 def test_hints_and_explanations_say_nothing_in_the_kernel(stripped):

@@ -55,7 +55,8 @@ class Settings:
     shield: object | None = None  # the grade's guard.SignalShield, without a sandbox
     site: guard.SiteWatch | None = None  # start-up files in site-packages, without a sandbox
     strip: bool = True  # grading: kernels import strip.py's copy; False (course check): all of it
-    given: tuple = (set(), {})  # pipeline.given_names: what the course's own cells use
+    # pipeline.given_names: the names the course's own cells spell, and per chapter import
+    given: tuple[set[str], dict[str, set[str]]] = field(default_factory=lambda: (set(), {}))
     stripped: dict[tuple[str, ...], Path] = field(default_factory=dict)  # chapters -> its copy
     _strip_root: Path | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
