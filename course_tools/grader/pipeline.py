@@ -15,7 +15,7 @@ from pathlib import Path
 
 from course_tools.grader import guard, predictions
 from course_tools.grader.assemble import assemble
-from course_tools.grader.calls import checker_names
+from course_tools.grader.calls import checker_modules, checker_names, setup_sources
 from course_tools.grader.limits import DISK_MB
 from course_tools.grader.match import match_source
 from course_tools.grader.preflight import GradingEnvironmentError, environment_problem
@@ -34,6 +34,7 @@ from course_tools.grader.run import Settings, run_submission
 from course_tools.grader.sandbox import NOT_SANDBOXED, unavailable
 from course_tools.grader.scan import scan_plan
 from course_tools.grader.score import cut, score
+from course_tools.grader.strip import chapter_of
 
 
 def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
@@ -96,6 +97,27 @@ def given_names(sources: dict[str, Source]) -> tuple[set[str], dict[str, set[str
     return words, uses
 
 
+def strip_first(files: list[Path], sources: dict[str, Source], settings: Settings) -> None:
+    """Make the stripped course_lib of every chapter the submissions belong to, here, before
+    any grading thread starts: CPython 3.11's ast is not safe to use from two threads at once
+    (it raised "AST constructor recursion depth mismatch" in a batch), and the strip parses and
+    rewrites the whole package. A course that cannot be stripped stops the run."""
+    wanted = set()
+    for path in files:
+        _, nb, error = read_notebook(Path(path))
+        source = None if error else match_source(nb, sources, Path(path).name)
+        if source is not None:
+            wanted.add(tuple(sorted({c for m in checker_modules(setup_sources(source))
+                                     if (c := chapter_of(m))})))
+    for chapters in sorted(wanted):
+        try:
+            settings.lib_for(chapters)
+        except Exception as e:  # noqa: BLE001 - the course's files, not a submission
+            raise GradingEnvironmentError(
+                f"could not make the grading kernel's course_lib for {', '.join(chapters)}: "
+                f"{type(e).__name__}: {e}") from e
+
+
 def default_jobs() -> int:
     """Submissions graded at once: 2 on a 2-core laptop, up to 4 on big machines, 1 on one core."""
     cpus = os.cpu_count() or 1
@@ -132,6 +154,8 @@ def grade(paths: list[Path], *, timeout: float = 60, memory_mb: int = 4096, hidd
                         protect=[p.resolve() for p in files if p.is_file()])
     if settings.why_not_sandboxed and warn is not None:
         warn(NOT_SANDBOXED.format(why=settings.why_not_sandboxed))
+    if hidden:
+        strip_first(files, sources, settings)
 
     broken = threading.Event()  # set at the first GradingEnvironmentError: start no more
     unsafe = settings.why_not_sandboxed is not None
