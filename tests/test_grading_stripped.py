@@ -156,7 +156,7 @@ def test_an_exercises_function_is_a_stub_that_says_so_and_shows_no_code(build):
         "    l.soft_lookup(None, None, None)\n"
         "except NotImplementedError as e:\n"
         "    out = str(e)"))
-    assert message.startswith("course_lib.lookup.soft_lookup is what exercise")
+    assert message.startswith("course_lib.lookup.soft_lookup would answer exercise")
 
 
 def test_a_function_the_chapters_own_cells_need_stays(build):

@@ -25,6 +25,7 @@ from course_lib.checks._core import (
     to_tensor,
 )
 from course_lib.checks._protocol import each, function_check
+from course_lib.checks._routes import SOFTMAX
 
 SOLUTION = "solutions/08_efficient_kernel.ipynb"
 NO_TRITON = "triton-not-installed"
@@ -307,8 +308,7 @@ def _written(out: torch.Tensor, given: list):
 
 
 @function_check(9, run=_softmax_run, cases=_softmax_cases,
-                forbid=((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"),
-                        (torch, "log_softmax"), (F, "log_softmax")))
+                forbid=SOFTMAX)
 def row_softmax(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         if _no_triton(got):

@@ -13,6 +13,7 @@ import course_lib.lookup as lookup
 from course_lib.checks._core import expect_close, expect_pair, expect_shape, fail, to_tensor
 from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint
+from course_lib.checks._routes import ATTENTION
 from course_lib.checks._values import read_numbers
 
 __all__ = ["similarity_scores", "log_softmax_weights", "soft_lookup", "query_gradient",
@@ -124,7 +125,7 @@ def _near_lookup(case: dict) -> tuple:
 
 
 @function_check(3, args=("query", "keys", "values", "temperature"), cases=_lookup_cases,
-                forbid=((lookup, "soft_lookup"),))
+                forbid=ATTENTION)
 def soft_lookup(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         want_value, want_weights = _near_lookup(case)
@@ -228,7 +229,7 @@ def _many_softmax(scores: np.ndarray, axis: int) -> np.ndarray:
 
 
 @function_check(6, args=("queries", "keys", "values", "temperature"), cases=_many_cases,
-                forbid=((lookup, "soft_lookup"),))
+                forbid=ATTENTION)
 def lookup_many(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         queries, keys, values = case["queries"], case["keys"], case["values"]

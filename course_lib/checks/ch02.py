@@ -6,15 +6,14 @@ import math
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 
-import course_lib.attention as attention
 from course_lib.attention import scaled_dot_product_attention as _reference_attention
 from course_lib.attention import softmax as _reference_softmax
 from course_lib.checks._cases import generator, randn
 from course_lib.checks._core import expect_close, expect_pair, fail, matches, to_tensor
 from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint, value_check
+from course_lib.checks._routes import ATTENTION, SOFTMAX
 from course_lib.checks._values import read_choice, read_numbers
 
 __all__ = ["attention_scores", "softmax_rows", "self_attention", "batched_attention",
@@ -22,7 +21,7 @@ __all__ = ["attention_scores", "softmax_rows", "self_attention", "batched_attent
 
 SOLUTION = "solutions/02_queries_keys_values.ipynb"
 # the references an attention answer must not call
-_SDPA = ((attention, "scaled_dot_product_attention"), (F, "scaled_dot_product_attention"))
+_SDPA = ATTENTION
 
 
 _close = partial(matches, atol=1e-6, rtol=1e-5)
@@ -76,8 +75,7 @@ def _softmax_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-@function_check(2, grade="softmax", cases=_softmax_cases, forbid=(
-    (attention, "softmax"), (torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax")))
+@function_check(2, grade="softmax", cases=_softmax_cases, forbid=SOFTMAX + ATTENTION)
 def softmax_rows(cases: list, outcomes: list) -> str:
     for scores, got in each(cases, outcomes):
         want = _reference_softmax(scores)

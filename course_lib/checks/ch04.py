@@ -8,7 +8,6 @@ from functools import partial
 
 import torch
 
-import course_lib.attention as attention
 import course_lib.masks as masks
 from course_lib.attention import softmax as _softmax
 from course_lib.checks._cases import generator
@@ -22,6 +21,7 @@ from course_lib.checks._core import (
     to_tensor,
 )
 from course_lib.checks._protocol import each, function_check, hint, value_check
+from course_lib.checks._routes import ATTENTION, SOFTMAX
 from course_lib.checks._values import read_numbers
 
 __all__ = ["causal_mask", "padding_mask", "to_additive", "masked_softmax", "causal_attention",
@@ -161,10 +161,7 @@ def _masked_softmax_cases(seed: int, hidden: bool) -> list:
 # torch's softmax does the stable part and the NaN of a fully masked row for you (nan_to_num
 # then hides the NaN): the exercise is to write both from torch.exp and sums.
 @function_check(4, args=("scores", "mask"), cases=_masked_softmax_cases,
-                forbid=((attention, "softmax"), (attention, "scaled_dot_product_attention"),
-                        (torch, "softmax"), (torch.nn.functional, "softmax"),
-                        (torch.Tensor, "softmax"), (torch, "log_softmax"),
-                        (torch.nn.functional, "log_softmax"), (torch.special, "softmax")))
+                forbid=SOFTMAX + ATTENTION)
 def masked_softmax(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         s, mask = case["scores"], case["mask"]
@@ -218,8 +215,7 @@ _same = partial(matches, atol=1e-7, rtol=1e-6, equal_nan=True)
 
 
 @function_check(5, args=("q", "k", "v"), cases=_causal_attention_cases,
-                forbid=((masks, "causal_mask"), (attention, "scaled_dot_product_attention"),
-                        (torch.nn.functional, "scaled_dot_product_attention")))
+                forbid=((masks, "causal_mask"), *ATTENTION))
 def causal_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
         q, k, v = case["q"], case["k"], case["v"]

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-import course_lib.flash as flash
 import course_lib.flash.tiled as tiled
 from course_lib.checks._cases import generator
 from course_lib.checks._ch08_backward import flash_backward
@@ -22,6 +21,7 @@ from course_lib.checks._ch08_puzzles import add_bias_kernel, row_max_kernel, row
 from course_lib.checks._core import call, expect_close, expect_pair, expect_shape, fail, to_tensor
 from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
+from course_lib.checks._routes import ATTENTION
 from course_lib.checks._values import read_number
 
 __all__ = ["online_update", "causal_tiled", "causal_fraction", "fraction_why",
@@ -168,9 +168,7 @@ def _tiled_run(fn, case):
 
 
 @function_check(2, run=_tiled_run, cases=_tiled_cases,
-                forbid=((F, "scaled_dot_product_attention"), (flash, "tiled_attention"),
-                        (flash, "naive_attention"), (tiled, "tiled_attention"),
-                        (tiled, "naive_attention")),
+                forbid=ATTENTION,
                 memory_mb=GRID_MB / 2,
                 memory_note=f"it holds about the {GRID_N}x{GRID_N} score grid of the check's "
                             f"largest hidden case ({GRID_MB:.0f} MiB in float32) at once: "
@@ -210,6 +208,11 @@ def causal_tiled(cases: list, outcomes: list) -> str:
              f"{MEMORY_N}x{MEMORY_N} score grid ({grid / 2**20:.2f} MiB): compute scores one "
              "(block x block) tile at a time.")
     full = _flops(MEMORY_N, 16, MEMORY_BLOCK, causal=False)
+    if flops < 0.45 * full:  # under the triangle itself: the work went around torch's counter
+        fail(f"torch's FLOP counter saw only {flops:,} FLOPs at n = {MEMORY_N}, less than "
+             f"causal attention needs ({0.5 * full:,.0f}, half the full grid): the scores and "
+             "the weighted sums are not computed with torch matrix products (`@`), so the check "
+             "cannot see which tiles you compute. Use `q_tile @ k_tile.T` and `p @ v_tile`.")
     if flops > 0.8 * full:
         fail(f"your function spends {flops:,} FLOPs at n = {MEMORY_N}, as much as the full grid "
              f"({full:,}): it computes the tiles above the diagonal and throws them away. Skip "

@@ -15,10 +15,16 @@ from pathlib import Path
 
 from course_tools.grader import guard, predictions
 from course_tools.grader.assemble import assemble
-from course_tools.grader.calls import checker_modules, checker_names, setup_sources
+from course_tools.grader.calls import (
+    checker_modules,
+    checker_names,
+    imported_names,
+    setup_sources,
+)
 from course_tools.grader.limits import DISK_MB
 from course_tools.grader.match import match_source
 from course_tools.grader.preflight import GradingEnvironmentError, environment_problem
+from course_tools.grader.reach import reach_plan
 from course_tools.grader.read import (
     Source,
     default_check_dir,
@@ -61,6 +67,7 @@ def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
         result.exercises = [ExerciseResult(g, 0, p, "not run") for g, p, _ in source.graded]
         return result
     found = scan_plan(plan.cells, checker_names(source)) if hidden else {}
+    reached = reach_plan(plan.cells, imported_names(setup_sources(source))) if hidden else {}
     run = run_submission(Path(path).name, data, plan, settings)
     if hidden:  # predictions are judged on what the submission recorded (predictions.py)
         run.verdicts = predictions.review(nb, plan, run.verdicts)
@@ -71,7 +78,7 @@ def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
         raise GradingEnvironmentError(f"the grading environment is broken, not {path}: {problem}")
     result.error = cut(run.error, 1000) if run.error else None
     result.exercises = score(source, plan, run, timeout=settings.timeout,
-                             memory_mb=settings.memory_mb, suspicious=found)
+                             memory_mb=settings.memory_mb, suspicious=found, reached=reached)
     result.seconds = time.monotonic() - start
     return result
 

@@ -118,11 +118,13 @@ def _feedback(messages: list[str], flags: list[str], parts: list[str]) -> str:
 
 
 def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_mb: int,
-          suspicious: dict[int, list[str]] | None = None) -> list[ExerciseResult]:
+          suspicious: dict[int, list[str]] | None = None,
+          reached: dict[int, list[str]] | None = None) -> list[ExerciseResult]:
     """One result per graded cell. An exercise earns its points only when every check judged
     for it in the grader passed (or, for a test cell judged in the kernel, ran without error)
     and nothing flagged tampering before its judgement: the run itself (a forged result), a
-    probe's report, a write outside the scratch folder, or a suspicious answer cell."""
+    probe's report, a write outside the scratch folder, or a suspicious answer cell; and the
+    code each of its probes runs names nothing its check forbids (`reached`, by probe cell)."""
     statuses = run.statuses
     judged: dict[str, list[int]] = {}
     for i, cell in enumerate(plan.cells[:len(statuses)]):
@@ -145,7 +147,7 @@ def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_
         for i in cells:
             words = describe(statuses[i], timeout, memory_mb)
             ok, message, more = judge_cell(plan.cells[i], statuses[i], run.verdicts.get(i), words)
-            passed, flags = passed and ok, flags + more
+            passed, flags = passed and ok, flags + more + list((reached or {}).get(i, []))
             messages.append(message)
         if not cells:
             messages = [describe({"status": "skipped"}, timeout, memory_mb)]

@@ -64,9 +64,8 @@ def exercise_targets(chapters: Iterable[str]) -> dict[str, dict[str, str]]:
                     module = getattr(obj, "__module__", None) or getattr(owner, "__name__", "")
                     qualname = getattr(obj, "__qualname__", attr)
                 if module.startswith("course_lib."):
-                    why = (f"{module}.{qualname} is what exercise {check.name!r} of chapter "
-                           f"{chapter[2:]} asks you to write: the grader's course_lib does not "
-                           "have it")
+                    why = (f"{module}.{qualname} would answer exercise {check.name!r} of "
+                           f"chapter {chapter[2:]}: the grader's course_lib does not have it")
                     found.setdefault(module, {}).setdefault(qualname, why)
     return found
 

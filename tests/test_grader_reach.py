@@ -1,0 +1,197 @@
+"""What the learner's code a check runs names, read on the grader's side (grader/reach.py), and
+the scan's flags for what reading the source cannot follow (grader/scan.py), on the real
+chapters' notebooks with one answer replaced: no kernel runs here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_tools.grader.assemble import assemble
+from course_tools.grader.calls import checker_names, imported_names, setup_sources
+from course_tools.grader.reach import match, reach_plan
+from course_tools.grader.read import load_sources
+from course_tools.grader.scan import scan_plan, suspicious
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return load_sources(None)
+
+
+def _flags(sources, notebook: str, gid: str, answer: str, added: str | None = None):
+    """(flags on the exercise answered by `gid` from reach, flags from the scan) of the solution
+    notebook with that answer replaced and, optionally, a cell the learner added before it."""
+    source = sources[notebook]
+    nb = nbformat.read(source.path, as_version=4)
+    at = next(i for i, c in enumerate(nb.cells)
+              if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
+    nb.cells[at].source = answer
+    if added is not None:
+        nb.cells.insert(at, nbformat.v4.new_code_cell(added))
+    plan = assemble(source, nb, hidden=True)
+    reached = reach_plan(plan.cells, imported_names(setup_sources(source)))
+    exercise = next(c.exercise for c in plan.cells if c.role == "answer" and c.grade_id == gid)
+    mine = [f for i, found in reached.items() if plan.cells[i].grade_id == exercise
+            for f in found]
+    others = [f for i, found in reached.items() if plan.cells[i].grade_id != exercise
+              for f in found]
+    assert others == [], others  # a flag costs only the exercise that forbids the name
+    scanned = [f for found in scan_plan(plan.cells, checker_names(source)).values() for f in found]
+    return mine, scanned
+
+
+CH02, CH05, CH08 = "02_queries_keys_values.ipynb", "05_multihead.ipynb", "08_efficient_kernel.ipynb"
+CH09, CH10 = "09_paying_less.ipynb", "10_the_transformer.ipynb"
+SOFTMAX_ROWS = "def softmax_rows(scores):\n    return {}\n"
+
+
+@pytest.mark.parametrize("body", [
+    "torch.softmax(scores, -1)",
+    "scores.softmax(-1)",
+    "torch.log_softmax(scores, -1).exp()",
+    "torch.nn.functional.gumbel_softmax(scores, hard=False)",
+    "torch.special.softmax(scores, -1)",
+    "torch.nn.Softmax(-1)(scores)",
+    "torch._C._nn.softmax(scores, -1)",
+    "getattr(torch, 'softmax')(scores, -1)",
+    "torch.__dict__['softmax'](scores, -1)",
+])
+def test_a_forbidden_function_by_any_of_its_names_is_flagged(sources, body):
+    mine, _ = _flags(sources, CH02, "ch02_softmax", SOFTMAX_ROWS.format(body))
+    assert mine and all("oftmax`" in f.split("rules out")[1] for f in mine), mine
+
+
+def test_a_helper_elsewhere_is_followed(sources):
+    """The check runs softmax_rows, which calls a helper of an added cell, which aliases an
+    import of a third."""
+    added = "import torch.nn.functional as G\n_h = G.softmax\ndef helper(t):\n    return _h(t, -1)\n"
+    mine, _ = _flags(sources, CH02, "ch02_softmax", SOFTMAX_ROWS.format("helper(scores)"), added)
+    assert any("`.softmax`" in f for f in mine), mine
+    mine, _ = _flags(sources, CH02, "ch02_softmax", SOFTMAX_ROWS.format("helper(scores)"),
+                     "from torch import softmax as s\ndef helper(t):\n    return s(t, -1)\n")
+    assert any("an import of `softmax`" in f for f in mine), mine
+
+
+def test_code_inside_a_timing_magic_is_read(sources):
+    mine, _ = _flags(sources, CH02, "ch02_softmax",
+                     "%time softmax_rows = lambda scores: torch.softmax(scores, -1)\n")
+    assert mine, mine
+
+
+def test_the_learners_own_names_and_a_same_named_allowed_function_are_not_flagged(sources):
+    mine, _ = _flags(sources, CH02, "ch02_softmax", (
+        "class Softmaxer:\n"
+        "    def softmax(self, s):\n"
+        "        e = torch.exp(s - s.amax(-1, keepdim=True))\n"
+        "        return e / e.sum(-1, keepdim=True)\n"
+        "    def __call__(self, s):\n"
+        "        return self.softmax(s)\n"
+        "softmax_rows = Softmaxer()\n"))
+    assert mine == []
+    # chapter 09 rules out torch's SDPA (enable_gqa) but builds on the course's, same name
+    source = next(c.source for c in nbformat.read(sources[CH09].path, as_version=4).cells
+                  if c.metadata.get("nbgrader", {}).get("grade_id") == "ch09_gqa")
+    assert _flags(sources, CH09, "ch09_gqa", source)[0] == []
+    mine, _ = _flags(sources, CH09, "ch09_gqa", source.replace(
+        "out, _ = scaled_dot_product_attention(q_groups, k[:, :, None], v[:, :, None])",
+        "out = torch.nn.functional.scaled_dot_product_attention(q_groups, k[:, :, None], "
+        "v[:, :, None])"))
+    assert any("scaled_dot_product_attention" in f for f in mine), mine
+
+
+@pytest.mark.parametrize("notebook, gid, answer, name", [
+    (CH05, "ch05_split_heads", "from course_lib.multihead import split_heads as s\n"
+                               "def split_heads(x, num_heads):\n    return s(x, num_heads)\n",
+     "split_heads"),
+    (CH05, "ch05_mha", "def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, mask=None):\n"
+                       "    m = MultiHeadAttention(x.shape[-1], num_heads)\n"
+                       "    return m(x)\n", "MultiHeadAttention"),
+    (CH08, "ch08_causal_tiled", "def causal_tiled(q, k, v, block_size):\n"
+                                "    return tiled_attention(q, k, v, causal=True, "
+                                "block_size=block_size)[0]\n", "tiled_attention"),
+    (CH09, "ch09_recurrence", "def linear_recurrence(q, k, v):\n"
+                              "    return linear_attention(q, k, v, causal=True)\n",
+     "linear_attention"),
+    (CH10, "ch10_block", "from course_lib.models.block import TransformerBlock as B\n"
+                         "def transformer_block(x, params, num_heads, mask=None):\n"
+                         "    return B(x.shape[-1], num_heads, 4 * x.shape[-1])(x, mask)\n",
+     "TransformerBlock"),
+    (CH10, "ch10_block", "class transformer_block(torch.nn.TransformerEncoderLayer):\n"
+                         "    pass\n", "TransformerEncoderLayer"),
+    (CH08, "ch08_flash_backward", (
+        "def flash_backward(q, k, v, o, lse, do, block_size):\n"
+        "    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))\n"
+        "    out = torch.exp(q @ k.T / math.sqrt(q.shape[1]) - lse[:, None]) @ v\n"
+        "    engine = torch.autograd.variable.Variable._execution_engine\n"
+        "    return engine.run_backward((out,), (do,), False, False, (q, k, v), True)\n"),
+     "backward"),
+])
+def test_a_function_the_chapter_keeps_working_is_flagged_when_an_answer_uses_it(
+        sources, notebook, gid, answer, name):
+    mine, _ = _flags(sources, notebook, gid, answer)
+    assert any(f"rules out `{name}`" in f for f in mine), mine
+
+
+@pytest.mark.parametrize("source, words", [
+    ("import sys\nsys.getprofile().__self__.calls.clear()", "`.__self__`"),
+    ("object.__setattr__(check.split_heads, 'forbid', ())\ncheck.split_heads.__post_init__()",
+     "`.__setattr__`"),
+    ("f = g.__code__.replace(co_name='h')", "`.__code__`"),
+    ("from concurrent.futures import ThreadPoolExecutor", "another thread"),
+    ("import threading\nthreading.setprofile(None)", "another thread"),
+    ("import os\nif os.fork() == 0:\n    pass", "another process (os.fork)"),
+    ("import inspect\nsrc = inspect.getsource(f)", "(inspect)"),
+    ("import importlib\nm = importlib.import_module('course_lib.' + name)", "(importlib)"),
+    ("f = getattr(torch, 'soft' + 'max')", "computed name (getattr)"),
+    ("f = vars(torch)['soft' + 'max']", "vars()"),
+    ("ns = globals()", "globals()"),
+    ("exec('x = 1')", "(exec)"),
+    ("try:\n    1 / 0\nexcept Exception as e:\n    fr = e.__traceback__.tb_frame.f_back",
+     "`.tb_frame`"),
+    ("import torch\nlib = torch.library.Library('aten', 'IMPL')", "torch.library"),
+    ("from torch.utils.cpp_extension import load_inline", "compiles C++"),
+    ("from torch.utils.flop_counter import FlopCounterMode\nFlopCounterMode.get_total_flops = "
+     "lambda self: 1", "FLOP counter"),
+    ("%run other.py", "%run"),
+    ("get_ipython().run_cell('x = 1')", "IPython itself"),
+    ("import operator\nf = operator.attrgetter('soft' + 'max')(torch)", "`.attrgetter`"),
+])
+def test_the_scan_names_what_reading_the_source_cannot_follow(source, words):
+    found = suspicious(source, {"check"})
+    assert any(words in f for f in found), found
+
+
+def test_a_timing_magic_and_ordinary_dunders_are_not_suspicious():
+    for honest in ("%timeit softmax_rows(torch.randn(4, 4))", "%matplotlib inline",
+                   "class A(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   "    def __repr__(self):\n        return type(self).__name__\n",
+                   "x = getattr(config, 'd_model')"):
+        assert suspicious(honest, {"check"}) == [], honest
+
+
+def test_a_name_matches_whole_when_short_and_inside_longer_names_when_long():
+    assert match("grad", {"grad"}) == "grad" and match("no_grad", {"grad"}) is None
+    assert match("RNN", {"RNN"}) == "RNN" and match("GRU", {"RNN"}) is None
+    assert match("log_softmax", {"softmax"}) == "softmax"
+    assert match("MultiheadAttention", {"MultiHeadAttention"}) == "MultiHeadAttention"
+    assert match("run_backward", {"backward"}) == "backward"
+
+
+def test_no_set_up_cell_binds_a_name_an_answer_could_keep_by_a_dead_assignment(sources):
+    """A learner's own binding of a name exempts it (`def softmax_rows`); a set-up cell's name
+    bound to a forbidden function is flagged even then (`if False: tiled_attention = 0` must not
+    hide the course's tiled_attention). Every solution passes that rule (reach finds nothing)."""
+    for name, source in sorted(sources.items()):
+        nb = nbformat.read(source.path, as_version=4)
+        plan = assemble(source, nb, hidden=True)
+        assert reach_plan(plan.cells, imported_names(setup_sources(source))) == {}, name
+    mine, _ = _flags(sources, CH08, "ch08_causal_tiled",
+                     "if False:\n    tiled_attention = None\n"
+                     "def causal_tiled(q, k, v, block_size):\n"
+                     "    return tiled_attention(q, k, v, causal=True, block_size=block_size)[0]\n")
+    assert any("rules out `tiled_attention`" in f for f in mine), mine
