@@ -85,7 +85,7 @@ PREDICTION_MISTAKES = [
 ]
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
-# "calls the course's own" feedback, not a pass.
+# "which this exercise rules out" feedback, not a pass.
 REFERENCE_CALLS = [
     (check.lookup_many, lambda qs, k, v, t=1.0: tuple(map(np.stack, zip(
         *(lookup.soft_lookup(q, k, v, t) for q in qs))))),

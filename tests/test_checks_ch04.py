@@ -51,7 +51,7 @@ GENERIC_WRONG = [
 
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
-# "calls the course's own" feedback, not a pass.
+# "which this exercise rules out" feedback, not a pass.
 REFERENCE_CALLS = [
     (check.causal_attention, lambda q, k, v: attention.scaled_dot_product_attention(
         q, k, v, mask=masks.causal_mask(q.shape[-2]))),

@@ -64,7 +64,7 @@ PREDICTION_MISTAKES = [
 ]
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
-# "calls the course's own" feedback, not a pass.
+# "which this exercise rules out" feedback, not a pass.
 REFERENCE_CALLS = [
     (check.split_heads, lambda x, h: multihead.split_heads(x, h)),
     (check.multi_head_attention, lambda x, w_q, w_k, w_v, w_o, h, mask=None:

@@ -51,7 +51,7 @@ GENERIC_WRONG = [
 
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
-# "calls the course's own" feedback, not a pass.
+# "which this exercise rules out" feedback, not a pass.
 REFERENCE_CALLS = [
     (check.rnn_step, lambda x_t, h, W_xh, W_hh, b, alive=None: recurrent.rnn_step(x_t, h, W_xh,
                                                                                   W_hh, b)),

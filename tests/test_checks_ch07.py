@@ -57,7 +57,7 @@ GENERIC_WRONG = [
 
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
-# "calls the course's own" feedback, not a pass.
+# "which this exercise rules out" feedback, not a pass.
 REFERENCE_CALLS = [
     (check.apply_rope, lambda x, p: position.apply_rope(x, p)),
 ]

@@ -138,7 +138,7 @@ GENERIC_WRONG = [
 
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
-# "calls the course's own" feedback, not a pass.
+# "which this exercise rules out" feedback, not a pass.
 REFERENCE_CALLS = [
     (check.causal_tiled, lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v,
                                                                            is_causal=True)),
@@ -461,7 +461,7 @@ def test_row_softmax_wrong_answers(tl_steps):
         (tl_steps["softmax_contiguous_only"], "strided view"),
         (tl_steps["softmax_one_stride"], "own stride"),
         ((kernel, lambda x: torch.exp(x) / torch.exp(x).sum(1, keepdim=True)), "never launched"),
-        ((kernel, lambda x: torch.softmax(x, -1)), "calls the course's own"),
+        ((kernel, lambda x: torch.softmax(x, -1)), "which this exercise rules out"),
         ((None, None), "is None"),
         ((update_ok, update_ok), "decorate it with @triton.jit"),
     ]:

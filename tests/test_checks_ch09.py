@@ -89,7 +89,7 @@ REFERENCE_CALLS = [
     (gqa_unscaled, "without the 1/√d scale"),
     (gqa_kv_heads_out, "one output per QUERY head"),
     (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-     "calls the course's own"),
+     "which this exercise rules out"),
 ])
 def test_gqa_mistakes_are_named(wrong, words):
     assert_feedback(check.grouped_query_attention, wrong, words)

@@ -413,7 +413,7 @@ def _wrong_answers():
         pytest.param("ch01.lookup_many", global_max, "its own largest score", id="ch01_global_max"),
         pytest.param("ch03.entropy_why", "a", "scaled does not mean uniform",
                      id="ch03_scaled_means_uniform"),
-        pytest.param("ch04.masked_softmax", nan_to_num, "calls the course's own",
+        pytest.param("ch04.masked_softmax", nan_to_num, "which this exercise rules out",
                      id="ch04_softmax_nan_to_num"),
         pytest.param("ch02.batched_attention", query_axis, "softmax ran over the queries",
                      id="ch02_query_axis"),

@@ -69,7 +69,8 @@ def test_a_forbidden_function_by_any_of_its_names_is_flagged(sources, body):
 def test_a_helper_elsewhere_is_followed(sources):
     """The check runs softmax_rows, which calls a helper of an added cell, which aliases an
     import of a third."""
-    added = "import torch.nn.functional as G\n_h = G.softmax\ndef helper(t):\n    return _h(t, -1)\n"
+    added = ("import torch.nn.functional as G\n_h = G.softmax\n"
+             "def helper(t):\n    return _h(t, -1)\n")
     mine, _ = _flags(sources, CH02, "ch02_softmax", SOFTMAX_ROWS.format("helper(scores)"), added)
     assert any("`.softmax`" in f for f in mine), mine
     mine, _ = _flags(sources, CH02, "ch02_softmax", SOFTMAX_ROWS.format("helper(scores)"),
@@ -168,7 +169,8 @@ def test_the_scan_names_what_reading_the_source_cannot_follow(source, words):
 
 def test_a_timing_magic_and_ordinary_dunders_are_not_suspicious():
     for honest in ("%timeit softmax_rows(torch.randn(4, 4))", "%matplotlib inline",
-                   "class A(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   "class A(torch.nn.Module):\n    def __init__(self):\n"
+                   "        super().__init__()\n"
                    "    def __repr__(self):\n        return type(self).__name__\n",
                    "x = getattr(config, 'd_model')"):
         assert suspicious(honest, {"check"}) == [], honest

@@ -405,7 +405,7 @@ def test_forbid_flags_every_form_of_calling_the_reference(name):
         for attr, obj in original.items():
             setattr(lookup, attr, obj)
     assert all(getattr(lookup, a) is o for a, o in original.items())
-    assert "calls the course's own" in str(info.value) or "call tracking" in str(info.value)
+    assert "which this exercise rules out" in str(info.value) or "call tracking" in str(info.value)
     assert isinstance(info.value, CheckFailure)
 
 

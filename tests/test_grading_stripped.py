@@ -135,11 +135,9 @@ def test_every_checker_module_imports_and_declares_the_same_checks(stripped):
 
 def test_an_exercises_function_is_a_stub_that_says_so_and_shows_no_code(build):
     got = _in_kernel(build("ch04"), (
-        "import inspect, course_lib.masks as m, course_lib.lookup as l\n"
+        "import inspect, torch, course_lib.masks as m, course_lib.multihead as mh\n"
         "out = {}\n"
-        "import numpy as np\n"
-        "x = np.ones((2, 3))\n"
-        "for f, args in ((m.causal_mask, (3,)), (l.soft_lookup, (x[0], x, x))):\n"
+        "for f, args in ((m.causal_mask, (3,)), (mh.split_heads, (torch.ones(1, 2, 4), 2))):\n"
         "    try:\n"
         "        f(*args)\n"
         "        out[f.__name__] = 'ran'\n"
@@ -149,7 +147,7 @@ def test_an_exercises_function_is_a_stub_that_says_so_and_shows_no_code(build):
     assert "exercise 'causal_mask' of chapter 04" in message
     assert "tril" not in source and "arange" not in source and "<=" not in source
     assert "raise NotImplementedError" in source and '"""' not in source  # nor its docstring
-    assert got["soft_lookup"] == "ran"  # chapter 01's exercise, not chapter 04's
+    assert got["split_heads"] == "ran"  # chapter 05's exercise, not chapter 04's
     message = _in_kernel(build("ch01"), (
         "import course_lib.lookup as l\n"
         "try:\n"
@@ -247,7 +245,71 @@ FULL_GRID = (  # the issue's cheat: a full-grid causal attention in NumPy (0 FLO
     "    s[np.arange(n)[:, None] < np.arange(n)[None, :]] = -np.inf\n"
     "    w = np.exp(s - s.max(1, keepdims=True))\n"
     "    return torch.tensor((w / w.sum(1, keepdims=True)) @ V, dtype=q.dtype)\n")
+# Issue 23's second round: each of these earned full points on the checkout before the grader read
+# the learner's source for what the check forbids (grader/reach.py) and flagged the disarming
+# itself (scan.py): the forbid list rewritten and re-registered, then the course's own function,
+# kept in the kernel because the chapter's cells use it, or a torch equivalent called.
+REREGISTER = ("object.__setattr__(check.{c}, 'forbid', ())\n"
+              "check.{c}.__post_init__()\n")
+ALL_TILES_IN_NUMPY = (  # tile by tile (no grid, 0 FLOPs read), every future tile computed
+    "import numpy as np\n"
+    "def causal_tiled(q, k, v, block_size):\n"
+    "    Q, K, V = (np.asarray(t, dtype=np.float64) for t in (q, k, v))\n"
+    "    n, d = Q.shape\n"
+    "    out = np.empty((n, V.shape[1]))\n"
+    "    for i in range(0, n, block_size):\n"
+    "        s = Q[i:i + block_size] @ K.T / np.sqrt(d)\n"
+    "        s[np.arange(i, i + len(s))[:, None] < np.arange(n)[None, :]] = -np.inf\n"
+    "        w = np.exp(s - s.max(1, keepdims=True))\n"
+    "        out[i:i + block_size] = (w / w.sum(1, keepdims=True)) @ V\n"
+    "    return torch.tensor(out, dtype=q.dtype)\n")
+AUTOGRAD_BY_ANOTHER_NAME = (
+    "def flash_backward(q, k, v, o, lse, do, block_size):\n"
+    "    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))\n"
+    "    s = q @ k.T / math.sqrt(q.shape[1])\n"
+    "    out = torch.exp(s - torch.logsumexp(s, 1, keepdim=True)) @ v\n"
+    "    engine = torch.autograd.variable.Variable._execution_engine\n"
+    "    return engine.run_backward((out,), (do,), False, False, (q, k, v), True)\n")
+CH02, CH08 = "02_queries_keys_values.ipynb", "08_efficient_kernel.ipynb"
 CHEATS = {  # name -> (notebook, answer cell, its source, the graded cell it must lose)
+    "ch02_log_softmax": (CH02, "ch02_softmax", "def softmax_rows(scores):\n"
+                         "    return torch.log_softmax(scores, -1).exp()\n", "ch02_softmax_test"),
+    "ch02_reregistered_tensor_softmax": (
+        CH02, "ch02_softmax", REREGISTER.format(c="softmax_rows") +
+        "def softmax_rows(scores):\n    return scores.softmax(-1)\n", "ch02_softmax_test"),
+    "ch05_reregistered_course_split_heads": (
+        "05_multihead.ipynb", "ch05_split_heads", REREGISTER.format(c="split_heads") +
+        "from course_lib.multihead import split_heads as _s\n"
+        "def split_heads(x, num_heads):\n    return _s(x, num_heads)\n", "ch05_split_heads_test"),
+    "ch06_reregistered_course_rnn_step": (
+        "06_attention_vs_recurrence.ipynb", "ch06_rnn_step", REREGISTER.format(c="rnn_step") +
+        "from course_lib.recurrent import rnn_step as _r\n"
+        "def rnn_step(x_t, h, W_xh, W_hh, b, alive=None):\n"
+        "    new = _r(x_t, h, W_xh, W_hh, b)\n"
+        "    return new if alive is None else torch.where(alive[:, None], new, h)\n",
+        "ch06_rnn_step_test"),
+    "ch08_reregistered_course_tiled": (
+        CH08, "ch08_causal_tiled", REREGISTER.format(c="causal_tiled") +
+        "def causal_tiled(q, k, v, block_size):\n"
+        "    return tiled_attention(q, k, v, causal=True, block_size=block_size)[0]\n",
+        "ch08_causal_tiled_test"),
+    "ch08_all_tiles_in_numpy": (CH08, "ch08_causal_tiled", ALL_TILES_IN_NUMPY,
+                                "ch08_causal_tiled_test"),
+    "ch08_autograd_by_another_name": (CH08, "ch08_flash_backward", AUTOGRAD_BY_ANOTHER_NAME,
+                                      "ch08_flash_backward_test"),
+    "ch09_reregistered_course_linear_attention": (
+        "09_paying_less.ipynb", "ch09_recurrence", REREGISTER.format(c="linear_recurrence") +
+        "def linear_recurrence(q, k, v):\n    return linear_attention(q, k, v, causal=True)\n",
+        "ch09_recurrence_test"),
+    "ch10_reregistered_course_block": (
+        "10_the_transformer.ipynb", "ch10_block", REREGISTER.format(c="transformer_block") +
+        "from course_lib.models.block import TransformerBlock\n"
+        "def transformer_block(x, params, num_heads, mask=None):\n"
+        "    d = x.shape[-1]\n"
+        "    b = TransformerBlock(d, num_heads, params['mlp.0.weight'].shape[0]).to(x.dtype)\n"
+        "    b.load_state_dict(params)\n"
+        "    with torch.no_grad():\n"
+        "        return b(x, mask)\n", "ch10_block_test"),
     "ch01_disarms_forbid": ("01_soft_dictionary.ipynb", "ch01_soft_lookup", DISARM,
                             "ch01_soft_lookup_test"),
     "ch01_copies_the_source": ("01_soft_dictionary.ipynb", "ch01_soft_lookup", COPY_SOURCE,
@@ -306,4 +368,5 @@ def test_a_cheat_that_calls_a_reference_the_kernel_had_scores_0(cheated, name):
     assert scores[target].score == 0, (target, scores[target].feedback)
     feedback = scores[target].feedback
     assert scores[target].flagged or "does not have it" in feedback or \
-        strip.IN_GRADER in feedback or "read from outside the kernel" in feedback, feedback
+        strip.IN_GRADER in feedback or "read from outside the kernel" in feedback or \
+        "torch's FLOP counter saw only" in feedback, feedback

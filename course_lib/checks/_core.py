@@ -238,9 +238,10 @@ class _Forbid:
                     self.keep_alive.append(fn)
 
     def _message(self, name: str) -> str:
-        # The wording predates this class; chapters' tests match "calls the course's own".
-        return (f"{self.exercise}: your answer calls the course's own `{name}`. Write it yourself "
-                "from the operations the chapter used; that is the exercise.")
+        whose = "the course's own " if name.startswith("course_lib") else ""
+        return (f"{self.exercise}: your answer calls {whose}`{name}`, which this exercise rules "
+                "out. Write it yourself from the operations the chapter used; that is the "
+                "exercise.")
 
     def _make_trap(self, name: str):
         def trap(*args, **kwargs):

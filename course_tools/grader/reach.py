@@ -62,19 +62,19 @@ class Forbidden:
 
     def __init__(self, check: Any) -> None:
         self.names = forbidden_names(check)
-        self.objects: set[int] = set()
+        self.objects: dict[int, str] = {}  # id of a target -> its name
         for obj, attr in check.forbid:
-            self.objects.add(id(getattr(obj, attr, None)))
             if attr in ("forward", "__call__") and isinstance(obj, type):
-                self.objects.add(id(obj))
-        self.objects.discard(id(None))
+                self.objects[id(obj)] = self.objects[id(getattr(obj, attr))] = obj.__name__
+            elif getattr(obj, attr, None) is not None:
+                self.objects[id(getattr(obj, attr))] = attr
 
     def rules_out(self, identifier: str, obj: Any = _UNKNOWN) -> str | None:
         """The forbidden name `identifier` (standing for `obj`, where resolved) is, or None.
         A resolved function that only shares a forbidden name is allowed: chapter 09 rules
         out torch's `F.scaled_dot_product_attention` but builds on the course's."""
         if obj is not _UNKNOWN and id(obj) in self.objects:
-            return identifier
+            return self.objects[id(obj)]
         name = match(identifier, self.names)
         if name is not None and obj is not _UNKNOWN and obj is not None and identifier == name:
             return None
