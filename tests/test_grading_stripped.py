@@ -343,25 +343,39 @@ CHEATS = {  # name -> (notebook, answer cell, its source, the graded cell it mus
 }
 
 
-@pytest.fixture(scope="module")
-def cheated(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cheats")
+def _graded(folder: Path, names: list[str], **options) -> dict:
     paths = {}
-    for name, (notebook, gid, source, _) in CHEATS.items():
+    for name in names:
+        notebook, gid, source, _ = CHEATS[name]
         nb = nbformat.read(REPO / "solutions" / notebook, as_version=4)
         cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid]
         assert len(cells) == 1, (name, gid)
         cells[0].source = source
         paths[name] = folder / f"{notebook[:2]}_{name}.ipynb"
         nbformat.write(nb, paths[name])
-    results = grading.grade(list(paths.values()), timeout=120, jobs=2)
+    results = grading.grade(list(paths.values()), timeout=120, jobs=2, **options)
     by_path = {Path(r.submission): r for r in results}
     return {name: by_path[p] for name, p in paths.items()}
 
 
-@pytest.mark.parametrize("name", sorted(CHEATS))
-def test_a_cheat_that_calls_a_reference_the_kernel_had_scores_0(cheated, name):
-    result = cheated[name]
+# Without the sandbox (macOS, Windows, --unsafe-no-sandbox) the stripped copy, the source's
+# reading and the outside memory judge apply the same: one cheat of each kind, graded so.
+UNSANDBOXED = ["ch01_disarms_forbid", "ch02_log_softmax", "ch04_checker_reference",
+               "ch05_reregistered_course_split_heads", "ch08_all_tiles_in_numpy",
+               "ch08_full_grid_in_numpy"]
+
+
+@pytest.fixture(scope="module")
+def cheated(tmp_path_factory):
+    return _graded(tmp_path_factory.mktemp("cheats"), sorted(CHEATS))
+
+
+@pytest.fixture(scope="module")
+def cheated_unsandboxed(tmp_path_factory):
+    return _graded(tmp_path_factory.mktemp("cheats-unsandboxed"), UNSANDBOXED, sandbox=False)
+
+
+def _scores_0(result, name: str) -> None:
     target = CHEATS[name][3]
     assert result.error is None, result.error
     scores = {e.id: e for e in result.exercises}
@@ -370,3 +384,13 @@ def test_a_cheat_that_calls_a_reference_the_kernel_had_scores_0(cheated, name):
     assert scores[target].flagged or "does not have it" in feedback or \
         strip.IN_GRADER in feedback or "read from outside the kernel" in feedback or \
         "torch's FLOP counter saw only" in feedback, feedback
+
+
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_a_cheat_that_calls_a_reference_the_kernel_had_scores_0(cheated, name):
+    _scores_0(cheated[name], name)
+
+
+@pytest.mark.parametrize("name", UNSANDBOXED)
+def test_without_the_sandbox_the_same_cheats_score_0(cheated_unsandboxed, name):
+    _scores_0(cheated_unsandboxed[name], name)
