@@ -40,6 +40,19 @@ KERNEL = "attention-course-nbgrader-test"
 CELL_TIMEOUT = 120  # seconds per cell, as the suite's nbval runs (each notebook runs in < 60 s)
 TOTAL_TIMEOUT = 600  # seconds for one nbgrader command (each takes about 90 s here)
 STUDENTS = ("solved", "blank")
+# A third learner hands in chapters 02 and 05 with one answer that rewrites its check's forbid
+# list in the kernel, then calls what the exercise rules out: nbgrader's own run gives it full
+# marks; the course's ReadTheSource preprocessor (grader/for_nbgrader.py) gives it 0.
+REREGISTER = "object.__setattr__(check.{c}, 'forbid', ())\ncheck.{c}.__post_init__()\n"
+CHEATS = {
+    "02_queries_keys_values.ipynb": ("ch02_softmax", "ch02_softmax_test",
+                                     REREGISTER.format(c="softmax_rows") +
+                                     "def softmax_rows(scores):\n    return scores.softmax(-1)\n"),
+    "05_multihead.ipynb": ("ch05_split_heads", "ch05_split_heads_test",
+                           REREGISTER.format(c="split_heads") +
+                           "from course_lib.multihead import split_heads as _s\n"
+                           "def split_heads(x, num_heads):\n    return _s(x, num_heads)\n"),
+}
 COURSES = 2 if (os.cpu_count() or 1) >= 2 else 1  # nbgrader courses graded side by side
 
 
@@ -85,7 +98,9 @@ def write_config(course: Path, db_url: str) -> None:
         f"c.CourseDirectory.db_url = {db_url!r}\n"
         f"c.Execute.kernel_name = {KERNEL!r}\n"
         f"c.Execute.timeout = {CELL_TIMEOUT}\n"
-        "c.Execute.startup_timeout = 120\n")
+        "c.Execute.startup_timeout = 120\n"
+        "from course_tools.grader.for_nbgrader import autograde_preprocessors\n"
+        "c.Autograde.autograde_preprocessors = autograde_preprocessors()\n")
 
 
 def grade_course(tmp: Path, names: list[str]) -> dict:
@@ -105,7 +120,10 @@ def grade_course(tmp: Path, names: list[str]) -> dict:
     nbgrader(["generate_assignment", "*"], course, env)  # every assignment in source/
     for name in names:
         released = (course / "release" / assignment(name) / name).read_bytes()
-        for student, nb in (("solved", solutions[name]), ("blank", released)):
+        handed = [("solved", solutions[name]), ("blank", released)]
+        if name in CHEATS:
+            handed.append(("cheat", cheated(name)))
+        for student, nb in handed:
             into = course / "submitted" / student / assignment(name)
             into.mkdir(parents=True)
             (into / name).write_bytes(nb)
@@ -113,13 +131,22 @@ def grade_course(tmp: Path, names: list[str]) -> dict:
     results = {}
     with Gradebook(db_url) as gb:
         for name in names:
-            for student in STUDENTS:
+            for student in STUDENTS + (("cheat",) if name in CHEATS else ()):
                 sub = gb.find_submission(assignment(name), student)
                 nb = gb.find_submission_notebook(Path(name).stem, assignment(name), student)
                 cells = {g.name: (g.score, g.max_score) for g in nb.grades}
                 autograded = course / "autograded" / student / assignment(name) / name
                 results[name, student] = (sub.score, sub.max_score, cells, autograded)
     return results
+
+
+def cheated(name: str) -> bytes:
+    answer, _, source = CHEATS[name]
+    nb = nbformat.read(REPO / "solutions" / name, as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == answer:
+            cell.source = source
+    return nbformat.writes(nb).encode()
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +198,19 @@ def test_nbgrader_counts_the_points_course_grade_counts(graded, name):
         _, max_score, cells, _ = graded[name, student]
         assert {c: m for c, (_, m) in cells.items()} == ours
         assert max_score == sum(ours.values())
+
+
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_nbgrader_with_the_courses_reading_of_the_source_gives_a_cheat_zero(graded, name):
+    """The cheat's check passes in the kernel (its forbid list is gone there); the preprocessor
+    adds an error to its grade cell and to every one judged after it, as `course grade` does."""
+    score, max_score, cells, autograded = graded[name, "cheat"]
+    _, test, _ = CHEATS[name]
+    assert cells[test][0] == 0, cells
+    said = outputs(autograded, [test])[test]
+    assert any("FlaggedByCourseGrader" in s and "rules out" in s for s in said), said
+    cell = next(c for c in nbformat.read(autograded, as_version=4).cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == test)
+    printed = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+    assert printed.startswith("✔"), printed  # in the kernel, the disarmed check passed
+    assert score < max_score
