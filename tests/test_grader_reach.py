@@ -1,6 +1,6 @@
 """What the learner's code a check runs names, read on the grader's side (grader/reach.py), and
-the scan's flags for what reading the source cannot follow (grader/scan.py), on the real
-chapters' notebooks with one answer replaced: no kernel runs here."""
+what the scan leaves alone (grader/scan.py; the cheats it names are in test_grading_attacks.py),
+on the real chapters' notebooks with one answer replaced: no kernel runs here."""
 
 from __future__ import annotations
 
@@ -136,35 +136,6 @@ def test_a_function_the_chapter_keeps_working_is_flagged_when_an_answer_uses_it(
         sources, notebook, gid, answer, name):
     mine, _ = _flags(sources, notebook, gid, answer)
     assert any(f"rules out `{name}`" in f for f in mine), mine
-
-
-@pytest.mark.parametrize("source, words", [
-    ("import sys\nsys.getprofile().__self__.calls.clear()", "`.__self__`"),
-    ("object.__setattr__(check.split_heads, 'forbid', ())\ncheck.split_heads.__post_init__()",
-     "`.__setattr__`"),
-    ("f = g.__code__.replace(co_name='h')", "`.__code__`"),
-    ("from concurrent.futures import ThreadPoolExecutor", "another thread"),
-    ("import threading\nthreading.setprofile(None)", "another thread"),
-    ("import os\nif os.fork() == 0:\n    pass", "another process (os.fork)"),
-    ("import inspect\nsrc = inspect.getsource(f)", "(inspect)"),
-    ("import importlib\nm = importlib.import_module('course_lib.' + name)", "(importlib)"),
-    ("f = getattr(torch, 'soft' + 'max')", "computed name (getattr)"),
-    ("f = vars(torch)['soft' + 'max']", "vars()"),
-    ("ns = globals()", "globals()"),
-    ("exec('x = 1')", "(exec)"),
-    ("try:\n    1 / 0\nexcept Exception as e:\n    fr = e.__traceback__.tb_frame.f_back",
-     "`.tb_frame`"),
-    ("import torch\nlib = torch.library.Library('aten', 'IMPL')", "torch.library"),
-    ("from torch.utils.cpp_extension import load_inline", "compiles C++"),
-    ("from torch.utils.flop_counter import FlopCounterMode\nFlopCounterMode.get_total_flops = "
-     "lambda self: 1", "FLOP counter"),
-    ("%run other.py", "%run"),
-    ("get_ipython().run_cell('x = 1')", "IPython itself"),
-    ("import operator\nf = operator.attrgetter('soft' + 'max')(torch)", "`.attrgetter`"),
-])
-def test_the_scan_names_what_reading_the_source_cannot_follow(source, words):
-    found = suspicious(source, {"check"})
-    assert any(words in f for f in found), found
 
 
 def test_a_timing_magic_and_ordinary_dunders_are_not_suspicious():

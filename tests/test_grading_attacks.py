@@ -413,6 +413,29 @@ def test_no_solution_of_any_chapter_looks_suspicious():
     ("import ctypes", "ctypes"),
     ("!rm -rf ~", "shell commands"),
     ("import subprocess", "other programs"),
+    # issue 23: what reading the source cannot follow (a trap disarmed, a thread, a computed name)
+    ("import sys\nsys.getprofile().__self__.calls.clear()", "`.__self__`"),
+    ("object.__setattr__(check.split_heads, 'forbid', ())\ncheck.split_heads.__post_init__()",
+     "`.__setattr__`"),
+    ("f = g.__code__.replace(co_name='h')", "`.__code__`"),
+    ("from concurrent.futures import ThreadPoolExecutor", "another thread"),
+    ("import threading\nthreading.setprofile(None)", "another thread"),
+    ("import os\nif os.fork() == 0:\n    pass", "another process (os.fork)"),
+    ("import inspect\nsrc = inspect.getsource(f)", "(inspect)"),
+    ("import importlib\nm = importlib.import_module('course_lib.' + name)", "(importlib)"),
+    ("f = getattr(torch, 'soft' + 'max')", "computed name (getattr)"),
+    ("f = vars(torch)['soft' + 'max']", "vars()"),
+    ("ns = globals()", "globals()"),
+    ("exec('x = 1')", "(exec)"),
+    ("try:\n    1 / 0\nexcept Exception as e:\n    fr = e.__traceback__.tb_frame.f_back",
+     "`.tb_frame`"),
+    ("import torch\nlib = torch.library.Library('aten', 'IMPL')", "torch.library"),
+    ("from torch.utils.cpp_extension import load_inline", "compiles C++"),
+    ("from torch.utils.flop_counter import FlopCounterMode\nFlopCounterMode.get_total_flops = "
+     "lambda self: 1", "FLOP counter"),
+    ("%run other.py", "%run"),
+    ("get_ipython().run_cell('x = 1')", "IPython itself"),
+    ("import operator\nf = operator.attrgetter('soft' + 'max')(torch)", "`.attrgetter`"),
 ])
 def test_the_scan_names_each_cheat(source, words):
     from course_tools.grader.scan import suspicious

@@ -9,7 +9,12 @@ and added cells before the probe), and so on, and flags a forbidden name anywher
 reached: `torch.softmax`, `x.softmax(-1)`, `F.log_softmax`, `from course_lib.multihead import
 split_heads as mine`, `getattr(F, "softmax")`, `ops["softmax"]`. Reaching a forbidden function
 by a computed name (`getattr(F, name)`, `eval`, `vars(F)`) is flagged for every exercise by
-scan.py. A name the learner defines (`def softmax(x)`), and attributes of `self`, are theirs.
+scan.py. A name the learner defines (`def softmax(x)`), and attributes of `self`, are theirs,
+except a name a set-up cell binds to a forbidden function (chapter 08's `tiled_attention`): that
+stays the course's, whatever an answer assigns to it (`if False: tiled_attention = mine`).
+Where the grader can resolve a name (the set-up cells' imports, modules it has loaded itself),
+a function that only shares a forbidden name is allowed: chapter 09 rules out torch's
+`F.scaled_dot_product_attention` and builds on the course's function of that name.
 
 A forbidden name matches an identifier equal to it (ignoring case and leading or trailing
 underscores) or, for names of six letters or more, one that contains it: `softmax` catches
@@ -28,8 +33,6 @@ from typing import Any
 from course_tools.grader.scan import parsed
 
 SUBSTRING_FROM = 6  # shorter forbidden names (grad, RNN) must match whole
-
-
 _UNKNOWN = object()  # a reference the grader cannot resolve: its name alone is judged
 
 
