@@ -143,7 +143,13 @@ def test_a_timing_magic_and_ordinary_dunders_are_not_suspicious():
                    "class A(torch.nn.Module):\n    def __init__(self):\n"
                    "        super().__init__()\n"
                    "    def __repr__(self):\n        return type(self).__name__\n",
-                   "x = getattr(config, 'd_model')"):
+                   "x = getattr(config, 'd_model')",
+                   "import inspect\nprint(inspect.signature(softmax_rows))",
+                   "import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n"
+                   "    traceback.print_exc()",
+                   "class B:\n    def __init__(self):\n        for c in 'qkv':\n"
+                   "            setattr(self, 'w_' + c, None)\n"
+                   "    def w(self, c):\n        return getattr(self, 'w_' + c)\n"):
         assert suspicious(honest, {"check"}) == [], honest
 
 

@@ -42,12 +42,18 @@ _MODULES = {
     "multiprocessing": "runs code in another process (multiprocessing)",
     "torch.multiprocessing": "runs code in another process (torch.multiprocessing)",
     # code taken apart, rebuilt or found by name, where reading the source cannot follow it
-    "inspect": "reads the interpreter's frames or other code's source (inspect)",
+    # inspect and traceback in part: `inspect.signature` or `traceback.print_exc()` is fine
+    **{f"inspect.{f}": f"reads the interpreter's frames or another object's members "
+                       f"(inspect.{f})"
+       for f in ("currentframe", "stack", "trace", "getouterframes", "getinnerframes",
+                 "getframeinfo", "getmembers", "getmembers_static", "getattr_static",
+                 "getclosurevars", "unwrap")},
+    **{f"traceback.{f}": f"walks the interpreter's frames (traceback.{f})"
+       for f in ("walk_stack", "walk_tb")},
     "gc": "searches the interpreter's objects (gc)",
     "importlib": "imports by a computed name (importlib)",
     "pkgutil": "imports by a computed name (pkgutil)",
     "runpy": "runs another module's code (runpy)",
-    "traceback": "reads the interpreter's frames (traceback)",
     "dis": "takes code objects apart (dis)",
     "marshal": "rebuilds code objects (marshal)",
     "pickle": "rebuilds objects from bytes (pickle)",
@@ -175,7 +181,7 @@ def _attribute(node: ast.Attribute, aliases: dict[str, str],
     module = aliases.get(base, base)
     if node.attr in _NAMES:  # course_lib.__file__, something.__builtins__
         found.append(_NAMES[node.attr])
-    elif node.attr in _INTERNALS:
+    elif node.attr in _INTERNALS and not _own(node.value):
         found.append(f"reaches into the interpreter's internals (`.{node.attr}`)")
     sensitive = _SENSITIVE_ATTRS.get(node.attr)
     if sensitive and module == sensitive[0]:
@@ -194,6 +200,12 @@ def _attribute(node: ast.Attribute, aliases: dict[str, str],
     return found
 
 
+def _own(node: ast.AST) -> bool:
+    """`self`, `cls` or `super()`: the learner's own object, whose internals are theirs."""
+    return (isinstance(node, ast.Name) and node.id in ("self", "cls")) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super")
+
+
 def _call(node: ast.Call, aliases: dict[str, str], checker_aliases: set[str]) -> list[str]:
     found = []
     name = node.func.id if isinstance(node.func, ast.Name) else None
@@ -205,7 +217,7 @@ def _call(node: ast.Call, aliases: dict[str, str], checker_aliases: set[str]) ->
                                              target.id in checker_aliases):
             found.append(f"rewrites the module `{aliases.get(target.id, target.id)}` "
                          f"({name})")
-    if name in _BY_NAME and len(node.args) >= 2 and not (
+    if name in _BY_NAME and len(node.args) >= 2 and not _own(node.args[0]) and not (
             isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
         found.append(f"reaches an attribute by a computed name ({name})")
     magic = _magic(node)
