@@ -360,8 +360,7 @@ def _graded(folder: Path, names: list[str], **options) -> dict:
 
 # Without the sandbox (macOS, Windows, --unsafe-no-sandbox) the stripped copy, the source's
 # reading and the outside memory judge apply the same: one cheat of each kind, graded so.
-UNSANDBOXED = ["ch01_disarms_forbid", "ch02_log_softmax", "ch04_checker_reference",
-               "ch05_reregistered_course_split_heads", "ch08_all_tiles_in_numpy",
+UNSANDBOXED = ["ch01_disarms_forbid", "ch02_log_softmax", "ch05_reregistered_course_split_heads",
                "ch08_full_grid_in_numpy"]
 
 

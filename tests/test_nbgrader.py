@@ -40,14 +40,12 @@ KERNEL = "attention-course-nbgrader-test"
 CELL_TIMEOUT = 120  # seconds per cell, as the suite's nbval runs (each notebook runs in < 60 s)
 TOTAL_TIMEOUT = 600  # seconds for one nbgrader command (each takes about 90 s here)
 STUDENTS = ("solved", "blank")
-# A third learner hands in chapters 02 and 05 with one answer that rewrites its check's forbid
-# list in the kernel, then calls what the exercise rules out: nbgrader's own run gives it full
-# marks; the course's ReadTheSource preprocessor (grader/for_nbgrader.py) gives it 0.
+# A third learner hands in chapter 05 with an answer that rewrites its check's forbid list in the
+# kernel, then calls the course's split_heads (which the chapter's own cells use, so it works
+# there): nbgrader's own run gives it the points; the course's ReadTheSource preprocessor
+# (grader/for_nbgrader.py) gives it 0.
 REREGISTER = "object.__setattr__(check.{c}, 'forbid', ())\ncheck.{c}.__post_init__()\n"
 CHEATS = {
-    "02_queries_keys_values.ipynb": ("ch02_softmax", "ch02_softmax_test",
-                                     REREGISTER.format(c="softmax_rows") +
-                                     "def softmax_rows(scores):\n    return scores.softmax(-1)\n"),
     "05_multihead.ipynb": ("ch05_split_heads", "ch05_split_heads_test",
                            REREGISTER.format(c="split_heads") +
                            "from course_lib.multihead import split_heads as _s\n"
