@@ -62,7 +62,8 @@ CORRECT = [
     (check.query_gradient, gradient_ok),
     (check.similarity_scores, lambda q, k: -torch.cdist(torch.tensor(k), torch.tensor(q)[None])
      .squeeze(1) ** 2),
-    (check.log_softmax_weights, lambda s, t=1.0: torch.log_softmax(torch.tensor(s) / t, 0)),
+    (check.log_softmax_weights, lambda s, t=1.0: (  # in torch, by hand
+        lambda x: x - x.max() - torch.log(torch.exp(x - x.max()).sum()))(torch.tensor(s) / t)),
 ]
 
 # Wrong answers every checker of this chapter must survive, with the words the feedback
@@ -114,6 +115,9 @@ def test_wrong_scores(wrong, words):
     (lambda s, t=1.0: s / t - (s / t).max(), "not 1"),
     (lambda s, t=1.0: log_softmax_ok(s, 1.0), "temperature"),
     (lambda s, t=1.0: log_softmax_ok(s, t)[:-1], "shape"),
+    (lambda s, t=1.0: torch.log_softmax(torch.tensor(s) / t, 0), "which this exercise rules out"),
+    (lambda s, t=1.0: (lambda x: x - torch.logsumexp(x, 0))(torch.tensor(s) / t),
+     "which this exercise rules out"),
 ])
 def test_wrong_log_softmax(wrong, words):
     with np.errstate(all="ignore"), pytest.raises(CheckFailure, match=words):

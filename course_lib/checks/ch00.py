@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional
 
 from course_lib.checks._core import expect_close, fail, to_tensor
 from course_lib.checks._protocol import each, function_check, hint
@@ -22,7 +23,7 @@ def _normalise_cases(seed: int, hidden: bool) -> list:
     return cases + ([rng.integers(0, 99, size=40).astype(float)] if hidden else [])
 
 
-@function_check(1, cases=_normalise_cases)
+@function_check(1, cases=_normalise_cases, forbid=((torch.nn.functional, "normalize"),))
 def normalise(cases: list, outcomes: list) -> str:
     for counts, got in each(cases, outcomes):
         want = torch.as_tensor(counts / counts.sum())

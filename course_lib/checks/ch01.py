@@ -13,7 +13,7 @@ import course_lib.lookup as lookup
 from course_lib.checks._core import expect_close, expect_pair, expect_shape, fail, to_tensor
 from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint
-from course_lib.checks._routes import ATTENTION
+from course_lib.checks._routes import ATTENTION, SOFTMAX
 from course_lib.checks._values import read_numbers
 
 __all__ = ["similarity_scores", "log_softmax_weights", "soft_lookup", "query_gradient",
@@ -83,7 +83,8 @@ def _log_softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum())
 
 
-@function_check(2, args=("scores", "temperature"), grade="softmax", cases=_softmax_cases)
+@function_check(2, args=("scores", "temperature"), grade="softmax", cases=_softmax_cases,
+                forbid=(*SOFTMAX, (torch, "logsumexp"), (torch.Tensor, "logsumexp")))
 def log_softmax_weights(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         scores, temperature = case["scores"], case["temperature"]

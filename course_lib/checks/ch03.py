@@ -128,7 +128,8 @@ def _entropy_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-@function_check(3, cases=_entropy_cases)
+@function_check(3, cases=_entropy_cases,
+                forbid=((torch.distributions.Categorical, "entropy"), (torch.special, "entr")))
 def entropy(cases: list, outcomes: list) -> str:
     for weights, got in each(cases, outcomes):
         logs = torch.where(weights > 0, weights.clamp_min(1e-300).log(), torch.zeros_like(weights))
