@@ -6,7 +6,12 @@ write into a process it cannot see) or that replaces the kernel-side probe shoul
 unnoticed either. This reads each answer and added cell (as Python, after IPython's own
 transformation of magics and `!` commands, so comments and strings in prose do not count) and
 names what it touches: the checkers' internals, the interpreter's module table or builtins,
-other processes, the course's files. A flagged cell costs the exercises judged after it.
+other processes, the course's files. It also names what reading the source cannot follow, so
+that reach.py's reading of each check (which functions its exercise rules out) cannot be
+stepped around: another thread or process, code run from a string, an attribute or namespace
+reached by a computed name, code objects, frames and closures (how a check's forbid list is
+rewritten in place), torch's operator registry. A learner's own object (`self`) may use its own
+internals. A flagged cell costs the exercises judged after it.
 """
 
 from __future__ import annotations
