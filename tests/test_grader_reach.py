@@ -174,3 +174,20 @@ def test_no_set_up_cell_binds_a_name_an_answer_could_keep_by_a_dead_assignment(s
                      "def causal_tiled(q, k, v, block_size):\n"
                      "    return tiled_attention(q, k, v, causal=True, block_size=block_size)[0]\n")
     assert any("rules out `tiled_attention`" in f for f in mine), mine
+
+
+def test_nbgraders_preprocessor_flags_what_course_grade_would(sources):
+    """for_nbgrader.source_flags: the same flags per graded cell as `course grade` scores them
+    (a reach flag on its exercise only; a scan flag on every exercise from its cell on)."""
+    from course_tools.grader.for_nbgrader import source_flags
+
+    nb = nbformat.read(sources[CH02].path, as_version=4)
+    assert source_flags(nb, CH02, sources) == {}
+    answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")
+                  == "ch02_softmax")
+    answer.source = SOFTMAX_ROWS.format("torch.softmax(scores, -1)")
+    assert set(source_flags(nb, CH02, sources)) == {"ch02_softmax_test"}
+    answer.source = "import threading\n" + answer.source
+    flagged = source_flags(nb, CH02, sources)
+    assert "ch02_scores_test" not in flagged  # judged before the cell
+    assert {"ch02_softmax_test", "ch02_self_attention_test"} <= set(flagged)

@@ -28,6 +28,7 @@ from course_tools.grader.match import match_source
 from course_tools.grader.reach import reach_plan
 from course_tools.grader.read import grade_id, load_sources
 from course_tools.grader.scan import scan_plan
+from course_tools.grader.score import flags_for, judged_cells
 
 ENAME = "FlaggedByCourseGrader"
 
@@ -43,16 +44,10 @@ def source_flags(nb: Any, name: str = "", sources: dict | None = None) -> dict[s
     plan = assemble(source, nb, hidden=True)
     scanned = scan_plan(plan.cells, checker_names(source))
     reached = reach_plan(plan.cells, imported_names(setup_sources(source)))
-    judged: dict[str, list[int]] = {}
-    for i, cell in enumerate(plan.cells):
-        if cell.role in ("probe", "test"):
-            judged.setdefault(cell.grade_id, []).append(i)
+    judged = judged_cells(plan.cells)
     found: dict[str, list[str]] = {}
     for gid, _, _ in source.graded:
-        cells = judged.get(gid, [])
-        last = cells[-1] if cells else len(plan.cells)
-        flags = [f for j, fs in sorted(scanned.items()) if j <= last for f in fs]
-        flags += [f for i in cells for f in reached.get(i, [])]
+        flags = flags_for(judged.get(gid, []), len(plan.cells), sorted(scanned.items()), reached)
         if flags:
             found[gid] = list(dict.fromkeys(flags))
     return found

@@ -117,6 +117,25 @@ def _feedback(messages: list[str], flags: list[str], parts: list[str]) -> str:
     return cut(text + ("" if not parts else " [" + "; ".join(parts) + "]"))
 
 
+def judged_cells(cells: list[RunCell]) -> dict[str, list[int]]:
+    """graded grade_id -> the plan indexes of the cells that judge it (probes, test cells)."""
+    judged: dict[str, list[int]] = {}
+    for i, cell in enumerate(cells):
+        if cell.role in JUDGED:
+            judged.setdefault(cell.grade_id, []).append(i)
+    return judged
+
+
+def flags_for(cells: list[int], end: int, noticed: list[tuple[int, list[str]]],
+              reached: dict[int, list[str]]) -> list[str]:
+    """The flags one exercise judged at plan indexes `cells` carries: what was noticed at or
+    before its last judgement (every exercise from there on), and what the code each of its
+    probes runs names that its check forbids (that exercise only)."""
+    at = cells[-1] if cells else end
+    return ([f for j, found in noticed if j <= at for f in found]
+            + [f for i in cells for f in reached.get(i, [])])
+
+
 def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_mb: int,
           suspicious: dict[int, list[str]] | None = None,
           reached: dict[int, list[str]] | None = None) -> list[ExerciseResult]:
@@ -126,10 +145,7 @@ def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_
     probe's report, a write outside the scratch folder, or a suspicious answer cell; and the
     code each of its probes runs names nothing its check forbids (`reached`, by probe cell)."""
     statuses = run.statuses
-    judged: dict[str, list[int]] = {}
-    for i, cell in enumerate(plan.cells[:len(statuses)]):
-        if cell.role in JUDGED:
-            judged.setdefault(cell.grade_id, []).append(i)
+    judged = judged_cells(plan.cells[:len(statuses)])
     around = troubles(plan, statuses, timeout=timeout, memory_mb=memory_mb)
     # Tampering noticed at cell j affects every exercise judged at or after j.
     noticed = [(i, list(st.get("intrusions") or [])) for i, st in enumerate(statuses)]
@@ -141,13 +157,12 @@ def score(source: Source, plan: Plan, run: RunResult, *, timeout: float, memory_
             results.append(ExerciseResult(gid, 0, points, plan.missing[gid], hint=hint))
             continue
         cells = judged.get(gid, [])
-        at = cells[-1] if cells else len(plan.cells)
-        flags = list(run.flags) + [f for j, found in noticed if j <= at for f in found]
+        flags = list(run.flags) + flags_for(cells, len(plan.cells), noticed, reached or {})
         passed, messages = bool(cells), []
         for i in cells:
             words = describe(statuses[i], timeout, memory_mb)
             ok, message, more = judge_cell(plan.cells[i], statuses[i], run.verdicts.get(i), words)
-            passed, flags = passed and ok, flags + more + list((reached or {}).get(i, []))
+            passed, flags = passed and ok, flags + more
             messages.append(message)
         if not cells:
             messages = [describe({"status": "skipped"}, timeout, memory_mb)]
