@@ -3,9 +3,8 @@
 read -> match -> assemble -> run (run.py in the grader, worker.py in its subprocess, launcher.py
 in the kernel's process; preflight.py: the course's first cell) -> score -> report; scan.py and
 reach.py read the learner's source on the grader's side (for_nbgrader.py does that for
-nbgrader's autograde); limits.py
-holds the limits run.py and the worker share; `pipeline.py` chains the stages. `course grade`
-and `course check` call `pipeline`.
+nbgrader's autograde); limits.py holds the limits run.py and the worker share; `pipeline.py`
+chains the stages. `course grade` and `course check` call `pipeline`.
 """
 
 from course_tools.grader.assemble import Plan, RunCell, assemble
