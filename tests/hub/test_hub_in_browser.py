@@ -88,8 +88,27 @@ def points_of(grade_id: str) -> int:
                 if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
+def wait_for_server(page, hub, name: str) -> None:
+    """Wait for the hub to send `name` on to their own server, asking again every 30 s.
+
+    The spawn-pending page follows the spawn through an event stream and redirects when the
+    server is up; on a loaded machine that stream can end first and leave the page where it is.
+    Asking for the server again lands on it once it runs, or on the pending page while it starts.
+    """
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while True:
+        try:
+            page.wait_for_url(f"**/user/{name}/**", timeout=30_000)
+            return
+        except Exception as e:  # playwright's TimeoutError
+            if time.monotonic() > deadline:
+                pytest.fail(f"{name}'s server never came up (the page is at {page.url}): "
+                            f"{e}\n{hub.log_tail()}")
+        page.goto(f"{hub.url}user/{name}/lab", wait_until="domcontentloaded")
+
+
 def open_notebook(page, hub, name: str) -> None:
-    page.wait_for_url(f"**/user/{name}/**", timeout=TIMEOUT_MS)
+    wait_for_server(page, hub, name)
     page.goto(f"{hub.url}user/{name}/lab/tree/exercises/{NOTEBOOK}",
               wait_until="domcontentloaded")
     try:
