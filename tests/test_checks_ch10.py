@@ -104,7 +104,7 @@ PREDICTION_MISTAKES = [
     (check.head_why, "a", "not zeroing the circuit"),
     (check.head_why, "c", "do not cover for it"),
     (check.one_head_accuracy, None, "None"),
-    (check.one_head_accuracy, 1.5, "between 0 and 1"),
+    (check.one_head_accuracy, 1.5, "outside the possible range [0, 1]"),
     (check.one_head_accuracy, "high", "between 0 and 1"),
 ]
 REFERENCE_CALLS = [(check.transformer_block, by_reference)]

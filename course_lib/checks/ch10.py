@@ -18,6 +18,7 @@ import course_lib.stacking.induction as induction
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
 from course_lib.checks._predict import choice_check, commit_check
 from course_lib.checks._protocol import each, function_check, hint, value, value_check
+from course_lib.checks._values import read_number
 
 __all__ = ["transformer_block", "ablate_head", "one_head_accuracy", "head_why",
            "single_head_ablations", "hint"]
@@ -258,19 +259,8 @@ def _strongest_induction_head() -> int:
     return row.index(max(row))
 
 
-def _number(got, name: str, low: float = 0.0, high: float = 1.0) -> float:
-    if got is None:
-        fail(f"{name} is None: write your number in it.")
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
-        got = float(got)
-    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got) \
-            or not low <= got <= high:
-        fail(f"{name} should be a number between {low:g} and {high:g} (an accuracy), "
-             f"got {got!r}.")
-    return float(got)
-
-
-@commit_check(3, read=partial(_number, name="predicted_accuracy"), grade="predict")
+@commit_check(3, read=partial(read_number, what="predicted_accuracy", low=0.0, high=1.0,
+                              kind="an accuracy between 0 and 1"), grade="predict")
 def one_head_accuracy(got: float) -> str:
     _, layer1, _ = _measured_single_heads()
     head = _strongest_induction_head()
@@ -292,7 +282,8 @@ def single_head_ablations(cases: list, outcomes: list) -> str:
     if not isinstance(got, (list, tuple)) or len(got) != len(layer1):
         fail(f"layer1_accuracies should be a list of {len(layer1)} accuracies, one per head of "
              f"layer 1 (head 0 first), got {got!r}.")
-    got = [_number(a, f"layer1_accuracies[{h}]") for h, a in enumerate(got)]
+    got = [read_number(a, f"layer1_accuracies[{h}]", 0.0, 1.0, kind="an accuracy")
+           for h, a in enumerate(got)]
     close = [abs(a - w) <= 0.01 for a, w in zip(got, layer1)]
     if all(close):
         worst = min(range(len(got)), key=got.__getitem__)
