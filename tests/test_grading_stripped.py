@@ -43,7 +43,7 @@ KERNEL_HALF = {
                       "_launch_failed", "_not_written_hint", "_own_launch", "_softmax_run",
                       "_step_run", "_written"},
     "_ch08_puzzles": {"_bias_run", "_block", "_launch", "_max_run", "_mean_run"},
-    "ch10": {"_ablate_run", "_number"},
+    "ch10": {"_ablate_run"},
 }
 # Chapter 08's tools for running a learner's Triton kernel: they hold no reference at all.
 KERNEL_MODULES = {"_ch08_guard", "_ch08_compile"}

@@ -6,7 +6,7 @@
 # Each stage is a child process with its own time limit; a fault in one does not stop the next.
 #
 #   tools/gpu_check.sh                          # writes under $OUT (default ./bench-results/gpu)
-#   tools/gpu_check.sh --dry-run                # every stage on a CPU, tiny sizes (under a minute)
+#   tools/gpu_check.sh --dry-run                # every stage on a CPU, tiny sizes (about a minute)
 #   tools/gpu_check.sh --stages timing,pytest   # re-run some stages (the other rows are kept)
 #   tools/gpu_check.sh --estimate               # the stages, their estimates and limits
 #   PYTHON=/path/to/python tools/gpu_check.sh
