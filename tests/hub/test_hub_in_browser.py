@@ -92,8 +92,8 @@ def wait_for_server(page, hub, name: str) -> None:
     """Wait for the hub to send `name` on to their own server, asking again every 30 s.
 
     The spawn-pending page follows the spawn through an event stream and redirects when the
-    server is up; on a loaded machine that stream can end first and leave the page where it is.
-    Asking for the server again lands on it once it runs, or on the pending page while it starts.
+    server is up. Once, on a loaded machine, that redirect never came within 180 s. Asking for
+    the server again lands on it once it runs, or on the pending page while it starts.
     """
     deadline = time.monotonic() + TIMEOUT_MS / 1000
     while True:
