@@ -2,12 +2,17 @@
 
 Every configuration the autotuner may try (forward, dK/dV, dQ; causal and not; fp16, bf16, fp32;
 d = 16, 32, 64, 128), each in its two variants (lengths a multiple of the blocks, and ragged
-lengths with masked loads), plus the TMA forward's first bf16 config at d = 64 and 128, is
-compiled by `python -m course_tools.gpu.compile_audit` in a subprocess (Triton must not be in
-interpreter mode there): 392 compiles on two threads. Each must fit sm_90's 227 KB of shared
-memory, keep its registers without spilling and use Hopper's wgmma. Triton caches compiled
-kernels (~/.triton/cache), so only the first run after a kernel change compiles for real
-(about 250 s of CPU time; later runs take seconds).
+lengths with masked loads), plus the TMA forward's first bf16 config at d = 64 and 128, compiled
+by `python -m course_tools.gpu.compile_audit`: 392 compiles. Each must fit sm_90's 227 KB of
+shared memory, keep its registers without spilling and use Hopper's wgmma.
+
+The compile is deterministic given the kernels, their config tables, the audit's own code and
+Triton's version, so its rows are recorded in course_tools/gpu/sm90_audit.json under a hash of
+those (`compile_audit.audit_key`). While the key is the checkout's, the tests read the record (a
+fresh clone checks in seconds); when it is not, they compile again in a subprocess (Triton must
+not be in interpreter mode there; about 250 s of CPU time with a cold Triton cache) and the
+fresh rows must be the recorded ones. After changing a kernel or a table:
+`python -m course_tools.gpu.compile_audit --write`, then commit the record.
 """
 
 import importlib.util
@@ -15,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -23,6 +29,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="Triton is not installed (it ships for Linux only)")
 
 ROOT = Path(__file__).resolve().parents[1]
+REFRESH = "python -m course_tools.gpu.compile_audit --write"
 
 
 def _compiled_env() -> dict:
@@ -38,31 +45,81 @@ def _run(code: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def kernel_tables():
-    """configs_for and the limit, read in a compiled-mode process (pure Python, no compiling)."""
-    from course_tools.gpu import compile_audit
+def kernel_tables(monkeypatch_module):
+    """configs_for and the limit (pure Python: configs.py and the audit's case list import no
+    Triton)."""
+    from course_lib.flash import configs as k
+    from course_tools.gpu import compile_audit as c
 
-    if compile_audit.cuobjdump() is None:
-        pytest.skip("no cuobjdump (Triton's NVIDIA backend ships one): cannot read spills")
-    code = ("import json; from course_tools.gpu import compile_audit as c\n"
-            "from course_lib.flash import configs as k\n"
-            "print(json.dumps({'limit': k.SM90_SHARED_BYTES, 'combos': [\n"
-            "  [n, t, d, len(k.configs_for(n, d, c.DTYPES[t]))]\n"
-            "  for n in c.KERNEL_NAMES for t in c.DTYPES for d in c.HEAD_DIMS],\n"
-            "  'tma': len(c.TMA_DIMS)}))")
-    done = _run("import os; os.environ['TRITON_INTERPRET'] = '0'\n" + code, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    monkeypatch_module.setenv("COURSE_FLASH_AUTOTUNE", "1")  # every config, as on a GPU
+    return {"limit": k.SM90_SHARED_BYTES,
+            "combos": [[n, t, d, len(k.configs_for(n, d, c.DTYPES[t]))]
+                       for n in c.KERNEL_NAMES for t in c.DTYPES for d in c.HEAD_DIMS],
+            "tma": len(c.TMA_DIMS),
+            "cases": [_case_key(*case) for case in c.cases()]}
 
 
 @pytest.fixture(scope="module")
-def compiled(kernel_tables):
-    """One row per compiled configuration (see course_tools.gpu.compile_audit.compile_one)."""
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def _case_key(kernel, dtype, d, causal, even, config, tma) -> tuple:
+    return (kernel, dtype, d, causal, even, *config, tma)
+
+
+def _row_key(row: dict) -> tuple:
+    return (row["kernel"], row["dtype"], row["d"], row["causal"], row["even"], row["BLOCK_M"],
+            row["BLOCK_N"], row["warps"], row["stages"], row["tma"])
+
+
+@pytest.fixture(scope="module")
+def audit():
+    """(the rows the tests judge, the recorded audit, whether the rows were compiled now)."""
+    from course_tools.gpu import compile_audit
+
+    recorded = compile_audit.read_audit()
+    if recorded is not None and recorded["key"] == compile_audit.audit_key():
+        return recorded["rows"], recorded, False
+    if compile_audit.cuobjdump() is None:
+        pytest.skip("no cuobjdump (Triton's NVIDIA backend ships one): cannot read spills")
     done = subprocess.run([sys.executable, "-m", "course_tools.gpu.compile_audit", "--json",
                            "--jobs", "2"], capture_output=True, text=True, env=_compiled_env(),
                           cwd=ROOT, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return rows, recorded, True
+
+
+@pytest.fixture(scope="module")
+def compiled(audit):
+    """One row per compiled configuration (see course_tools.gpu.compile_audit.compile_one)."""
+    return audit[0]
+
+
+def test_the_rows_are_this_checkouts_compile(kernel_tables, audit):
+    """The rows judged below are one per case the audit compiles today. Compiled now under the
+    recorded Triton (the key's sources changed), they must be the recorded rows: a kernel that
+    compiles differently gets its record renewed and reviewed in the same commit."""
+    from course_tools.gpu import compile_audit
+
+    rows, recorded, fresh = audit
+    assert [_row_key(r) for r in rows] == kernel_tables["cases"]
+    if not fresh:
+        return
+    key = compile_audit.audit_key()
+    assert recorded is not None, f"no recorded audit: run `{REFRESH}` and commit it"
+    if recorded["key"]["triton"] != key["triton"]:
+        pytest.skip(f"the record is Triton {recorded['key']['triton']}'s, this is "
+                    f"{key['triton']}'s: the rows compiled now were judged by the other tests")
+    now, then = compile_audit.comparable(rows), recorded["rows"]
+    changed = [f"{_name(a)}\n  recorded {b}\n  now      {a}" for a, b in zip(now, then)
+               if a != b]
+    assert now == then, (f"the kernels compile differently from the record ({len(changed)} "
+                         f"rows): review, then `{REFRESH}` and commit\n" + "\n".join(changed[:8]))
+    warnings.warn(f"sm90_audit.json's key is stale (same rows): `{REFRESH}` so that the next "
+                  "run reads it instead of compiling", stacklevel=1)
 
 
 def _name(row: dict) -> str:

@@ -9,17 +9,27 @@ means ptxas spilled registers to memory.
     python -m course_tools.gpu.compile_audit            # every autotune config, a table
     python -m course_tools.gpu.compile_audit --json     # the same rows as JSON lines
     python -m course_tools.gpu.compile_audit --tma all  # also the TMA forward, every config
+    python -m course_tools.gpu.compile_audit --write    # the default audit, into sm90_audit.json
 
 The forward is audited in both its variants: pointer loads (cp.async pipelining, the default)
 and tensor descriptors (`tma=True`, Hopper's copy engine); `--tma first` (the default) compiles
 the TMA one for the first bf16 config of each head dim only, `--tma all` for every config.
 It must run in a process that has not imported Triton in interpreter mode: main() sets
-TRITON_INTERPRET=0 before importing the kernels. tests/test_flash_compile.py runs it.
+TRITON_INTERPRET=0 before importing the kernels.
+
+The compile is deterministic given what goes into it: the kernels (`course_lib/flash/kernel.py`),
+their config tables (`configs.py`), this file (what is compiled, with which signature) and
+Triton's version. `--write` records the default audit's rows in `sm90_audit.json` beside this
+file, keyed by a hash of those three files and the version (`audit_key`);
+tests/test_flash_compile.py reads the record while its key is the checkout's and compiles again
+only when it is not.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.metadata
 import itertools
 import json
 import os
@@ -31,6 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import course_lib.flash.configs as _configs_module
 from course_lib.flash.configs import CONFIGS, KERNEL_NAMES, configs_for, shared_bytes_estimate
 
 DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}   # Triton's name -> bytes per element
@@ -38,6 +49,39 @@ HEAD_DIMS = (16, 32, 64, 128)
 TMA_DIMS = (64, 128)                          # the TMA forward is audited in bf16 at these
 POINTERS = {"fwd": ("Q", "K", "V", "Out"), "dkdv": ("Q", "K", "V", "DO", "DK", "DV"),
             "dq": ("Q", "K", "V", "DO", "DQ")}   # the rest (LSE2, Delta) are fp32
+
+
+AUDIT = Path(__file__).with_name("sm90_audit.json")
+VOLATILE = ("seconds",)  # what a row holds that is not decided by the compile
+
+
+def audit_key() -> dict:
+    """What decides the default audit's rows: a hash of the kernels, their tables and this file,
+    and Triton's version (read from its metadata: importing Triton would fix its mode)."""
+    configs = Path(_configs_module.__file__)
+    h = hashlib.sha256()
+    for path in (configs.with_name("kernel.py"), configs, Path(__file__)):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return {"sources": h.hexdigest(), "triton": importlib.metadata.version("triton")}
+
+
+def read_audit(path: Path = AUDIT) -> dict | None:
+    """The recorded audit {"key": ..., "rows": [...]}, or None when there is none."""
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    """Rows without what differs between two compiles of the same source (the time taken)."""
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]
+
+
+def write_audit(rows: list[dict], path: Path = AUDIT) -> None:
+    record = {"key": audit_key(), "rows": comparable(rows)}
+    text = "{\n" + f' "key": {json.dumps(record["key"])},\n "rows": [\n'
+    text += ",\n".join("  " + json.dumps(r) for r in record["rows"]) + "\n ]\n}\n"
+    path.write_text(text, encoding="utf-8")
 
 
 def cases(every: bool = False, kernels=KERNEL_NAMES, dtypes=tuple(DTYPES), dims=HEAD_DIMS,
@@ -185,7 +229,15 @@ def main(argv=None) -> int:
                         help="which configs of the TMA forward to compile (bf16, d = 64, 128)")
     parser.add_argument("--even-only", action="store_true",
                         help="skip the variant for lengths that are not a multiple of the blocks")
+    parser.add_argument("--write", action="store_true",
+                        help=f"record the default audit and its key in {AUDIT.name} (the test "
+                             "reads it instead of compiling while the key holds)")
     args = parser.parse_args(argv)
+    default = (not args.every and args.arch == 90 and args.tma == "first" and not args.even_only
+               and args.kernels == list(KERNEL_NAMES) and args.dtypes == list(DTYPES)
+               and args.dims == list(HEAD_DIMS))
+    if args.write and not default:
+        parser.error("--write records the default audit only (no --every, --tma, --arch, ...)")
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("Triton was already imported in interpreter mode")
     os.environ["TRITON_INTERPRET"] = "0"
@@ -197,6 +249,9 @@ def main(argv=None) -> int:
                        evens=(True,) if args.even_only else (True, False), tma=args.tma)
     if not args.json:
         print(f"{len(rows)} compiles for sm_{args.arch} in {time.perf_counter() - start:.1f} s")
+    if args.write:
+        write_audit(rows)
+        print(f"recorded in {AUDIT}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
