@@ -96,7 +96,7 @@ def test_solution_notebook_is_well_formed(path):
 def test_blank_exercise_stubs_raise_their_hints(path):
     """Each answer region of the exercise becomes a stub raising NotImplementedError(its hint).
 
-    Running the blank exercises is done once, by the grader sweep in tests/test_grading.py
+    Running the blank exercises is done once, in the shared graded batch (test_graded_batch.py)
     (every blank scores 0, each exercise failing as "not written yet" with its hint and no
     set-up cell failing); this test checks statically what that run relies on."""
     source = nbformat.read(path, as_version=4)

@@ -191,3 +191,96 @@ def test_nbgraders_preprocessor_flags_what_course_grade_would(sources):
     flagged = source_flags(nb, CH02, sources)
     assert "ch02_scores_test" not in flagged  # judged before the cell
     assert {"ch02_softmax_test", "ch02_self_attention_test"} <= set(flagged)
+
+
+# Issue 23's cheats that earned full points before the grader read the learner's source: once
+# graded whole in a kernel each, they are judged here, where their defence lives. A flag from
+# reach costs the exercise its check forbids, one from the scan every exercise judged from its
+# cell on (tests/test_grader_stages.py: a flagged exercise scores 0). The cheats only a kernel
+# shows are graded in the test run's shared batch (tests/graded_batch.py).
+REREGISTER = "object.__setattr__(check.{c}, 'forbid', ())\ncheck.{c}.__post_init__()\n"
+COPY_SOURCE = (  # the reference's source, one line lower, as a new function of the notebook
+    "import inspect, course_lib.lookup as _L\n"
+    "_ns = dict(vars(_L))\n"
+    "exec('\\n' + inspect.getsource(_L.soft_lookup).replace('def soft_lookup', 'def _mine'), _ns)\n"
+    "def soft_lookup(query, keys, values, temperature=1.0):\n"
+    "    return _ns['_mine'](query, keys, values, temperature)\n")
+OTHER_PATH = (  # the same file under another module name
+    "import importlib.util, course_lib.lookup as _L\n"
+    "_spec = importlib.util.spec_from_file_location('my_lookup', _L.__file__)\n"
+    "_mod = importlib.util.module_from_spec(_spec)\n"
+    "_spec.loader.exec_module(_mod)\n"
+    "soft_lookup = _mod.soft_lookup\n")
+THREAD = (  # a pool warmed before the check runs the reference where no trap looks
+    "from concurrent.futures import ThreadPoolExecutor\n"
+    "from course_lib.lookup import soft_lookup as _reference\n"
+    "_pool = ThreadPoolExecutor(1)\n"
+    "_pool.submit(int).result()\n"
+    "def soft_lookup(query, keys, values, temperature=1.0):\n"
+    "    return _pool.submit(_reference, query, keys, values, temperature).result()\n")
+AUTOGRAD_BY_ANOTHER_NAME = (
+    "def flash_backward(q, k, v, o, lse, do, block_size):\n"
+    "    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))\n"
+    "    s = q @ k.T / math.sqrt(q.shape[1])\n"
+    "    out = torch.exp(s - torch.logsumexp(s, 1, keepdim=True)) @ v\n"
+    "    engine = torch.autograd.variable.Variable._execution_engine\n"
+    "    return engine.run_backward((out,), (do,), False, False, (q, k, v), True)\n")
+CH01, CH06 = "01_soft_dictionary.ipynb", "06_attention_vs_recurrence.ipynb"
+INTERNALS = "reaches into the interpreter's internals (`.__setattr__`)"
+# name -> (notebook, answer cell, its source, words of a reach flag, words of a scan flag)
+SOURCE_CHEATS = {
+    "ch02_log_softmax": (CH02, "ch02_softmax", SOFTMAX_ROWS.format(
+        "torch.log_softmax(scores, -1).exp()"), "rules out `log_softmax`", None),
+    "ch02_reregistered_tensor_softmax": (
+        CH02, "ch02_softmax", REREGISTER.format(c="softmax_rows") +
+        SOFTMAX_ROWS.format("scores.softmax(-1)"), "rules out `softmax`", INTERNALS),
+    "ch05_reregistered_course_split_heads": (
+        CH05, "ch05_split_heads", REREGISTER.format(c="split_heads") +
+        "from course_lib.multihead import split_heads as _s\n"
+        "def split_heads(x, num_heads):\n    return _s(x, num_heads)\n",
+        "rules out `split_heads`", INTERNALS),
+    "ch06_reregistered_course_rnn_step": (
+        CH06, "ch06_rnn_step", REREGISTER.format(c="rnn_step") +
+        "from course_lib.recurrent import rnn_step as _r\n"
+        "def rnn_step(x_t, h, W_xh, W_hh, b, alive=None):\n"
+        "    new = _r(x_t, h, W_xh, W_hh, b)\n"
+        "    return new if alive is None else torch.where(alive[:, None], new, h)\n",
+        "rules out `rnn_step`", INTERNALS),
+    "ch08_reregistered_course_tiled": (
+        CH08, "ch08_causal_tiled", REREGISTER.format(c="causal_tiled") +
+        "def causal_tiled(q, k, v, block_size):\n"
+        "    return tiled_attention(q, k, v, causal=True, block_size=block_size)[0]\n",
+        "rules out `tiled_attention`", INTERNALS),
+    "ch08_autograd_by_another_name": (CH08, "ch08_flash_backward", AUTOGRAD_BY_ANOTHER_NAME,
+                                      "rules out `backward`", None),
+    "ch09_reregistered_course_linear_attention": (
+        CH09, "ch09_recurrence", REREGISTER.format(c="linear_recurrence") +
+        "def linear_recurrence(q, k, v):\n    return linear_attention(q, k, v, causal=True)\n",
+        "rules out `linear_attention`", INTERNALS),
+    "ch10_reregistered_course_block": (
+        CH10, "ch10_block", REREGISTER.format(c="transformer_block") +
+        "from course_lib.models.block import TransformerBlock\n"
+        "def transformer_block(x, params, num_heads, mask=None):\n"
+        "    d = x.shape[-1]\n"
+        "    b = TransformerBlock(d, num_heads, params['mlp.0.weight'].shape[0]).to(x.dtype)\n"
+        "    b.load_state_dict(params)\n"
+        "    with torch.no_grad():\n"
+        "        return b(x, mask)\n", "rules out `TransformerBlock`", INTERNALS),
+    "ch01_copies_the_source": (CH01, "ch01_soft_lookup", COPY_SOURCE, "rules out `soft_lookup`",
+                               "runs code made from a string (exec)"),
+    "ch01_other_module_path": (CH01, "ch01_soft_lookup", OTHER_PATH, "rules out `soft_lookup`",
+                               "imports by a computed name (importlib)"),
+    "ch01_thread_pool": (CH01, "ch01_soft_lookup", THREAD, "rules out `soft_lookup`",
+                         "runs code in another thread or process (concurrent.futures)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOURCE_CHEATS))
+def test_the_issues_cheats_are_caught_by_reading_the_source(sources, name):
+    notebook, gid, answer, reach_words, scan_words = SOURCE_CHEATS[name]
+    mine, scanned = _flags(sources, notebook, gid, answer)
+    assert any(reach_words in f for f in mine), mine
+    if scan_words is None:
+        assert scanned == [], scanned
+    else:
+        assert any(scan_words in f and f"`{gid}`" in f for f in scanned), scanned

@@ -3,7 +3,7 @@
 `assemble` (which cells run, in what role), `score` (statuses and verdicts -> results), the
 worker's `KernelRun` (restarts and replays, with a scripted stand-in for the kernel), the shared
 limits and the kernel's launcher. The end-to-end runs through real kernels are in
-tests/test_grading.py and tests/test_grading_attacks.py.
+tests/test_grading.py, tests/test_grading_attacks.py and tests/test_graded_batch.py.
 """
 
 from __future__ import annotations
@@ -162,6 +162,21 @@ def test_score_takes_the_verdicts_words_or_the_cells_own_error():
     assert got["fx_double_test"].feedback == "double(3) should be 6"
     assert got["fx_square_test"].feedback == "not written yet (hint: x times x)"
     assert got["fx_inc_test"].feedback == PASSED and got["fx_square_test"].score == 0
+
+
+def test_a_reach_flag_costs_only_the_exercise_whose_probe_runs_the_forbidden_name():
+    """What tests/test_grader_reach.py finds on the source becomes a 0 here, for that exercise."""
+    plan, statuses, verdicts = _three()
+    run = RunResult(statuses, flags=[], verdicts=verdicts)
+    results = score(GRADED, plan, run, timeout=TIMEOUT, memory_mb=512,
+                    reached={2: ["the code square runs uses `pow`, where the exercise rules out "
+                                 "`pow`"]})
+    got = {r.id: r for r in results}
+    assert got["fx_square_test"].score == 0 and got["fx_square_test"].flagged
+    assert got["fx_square_test"].feedback.startswith(FLAG) and "rules out `pow`" in \
+        got["fx_square_test"].feedback
+    assert {g: r.score for g, r in got.items() if g != "fx_square_test"} == {
+        g: p for g, p in POINTS.items() if g != "fx_square_test"}
 
 
 def test_tampering_costs_the_exercises_judged_at_or_after_it():

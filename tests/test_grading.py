@@ -1,9 +1,10 @@
 """The grader: honest scores, hostile submissions, and every chapter's solution/blank extremes.
 
-Slow parts run once per module: one `course grade --json` over a folder of hostile fixture
-notebooks (tests/grading_fixture.py: a small course whose checks are `Check`s), and one grade
-over every chapter's solution and exercise notebooks plus hostile variants of chapter 01. The
-tests then read those results. The attacks on the grader itself: tests/test_grading_attacks.py.
+Slow parts run once: one `course grade --json` over a folder of hostile fixture notebooks
+(tests/grading_fixture.py: a small course whose checks are `Check`s), per module; every chapter's
+solution and exercise notebooks plus hostile variants of chapter 01 are graded in the test
+run's shared batch (tests/test_graded_batch.py). The attacks on the grader itself:
+tests/test_grading_attacks.py.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from course_lib.checks._core import CheckFailure, ReferenceCall, forbid
 from course_lib.lookup import soft_lookup as aliased_reference
 from course_tools import cli
 from course_tools import grader as grading
-from course_tools.exercises import hints
 from course_tools.grader import sandbox
 
 REPO = Path(__file__).resolve().parent.parent
@@ -489,118 +489,12 @@ def test_forbid_does_not_mask_other_failures_of_an_honest_answer():
 
 
 # ---------------------------------------------------------------------------------------------
-# Every chapter: its solution scores full points, its blank exercise 0 (the one run of every
-# blank exercise in the suite); chapter 01 also graded with the issue's attacks and other hostile
-# answers. Chapters are discovered, so new ones are covered as they land.
+# Every chapter is graded in the test run's shared batch (tests/test_graded_batch.py: solutions,
+# blanks, chapter 01's attacks); what needs no kernel is here. Chapters are discovered, so new
+# ones are covered as they land.
 
-CHAPTERS = sorted(p.name for p in (REPO / "solutions").glob("*.ipynb")
+CHAPTERS = sorted(p.name for p in (REPO / "solutions").glob("[0-9][0-9]_*.ipynb")
                   if (REPO / "exercises" / p.name).exists())
-CH01 = "01_soft_dictionary.ipynb"
-FIND_WORKER = (
-    "import json, os, signal\n"
-    "pid, forged = os.getpid(), {'statuses': [{'status': 'ok'}] * 40, 'error': None}\n"
-    "while pid > 1:\n"
-    "    pid = int(open(f'/proc/{pid}/status').read().split('PPid:')[1].split()[0])\n"
-    "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read() if pid > 0 else b''\n"
-    "    if b'grader.worker' in cmd or b'grading' in cmd:\n"
-    "        with open(f'/proc/{pid}/fd/1', 'w') as out:\n"
-    "            out.write('\\nCOURSE-GRADE-RESULT ' + json.dumps(forged) + '\\n')\n"
-    "        os.kill(pid, signal.SIGKILL)\n"
-    "        break\n")
-REWRITE_CHECKERS = (
-    "import pathlib, course_lib.checks\n"
-    "for p in pathlib.Path(course_lib.checks.__file__).parent.glob('ch*.py'):\n"
-    "    try:\n"
-    "        p.write_text(p.read_text() + '\\ndef _pwned(): pass\\n')\n"
-    "    except OSError:\n"
-    "        pass\n")
-RUN_SOLUTIONS = (
-    "import glob, json, os, course_lib\n"
-    "roots = {os.path.dirname(os.path.dirname(course_lib.__file__)), os.getcwd()}\n"
-    "try:\n"
-    "    roots.add(os.readlink(f'/proc/{os.getppid()}/cwd'))\n"
-    "except OSError:\n"
-    "    pass\n"
-    "for root in roots:\n"
-    "    for up in (root, os.path.dirname(root), os.path.dirname(os.path.dirname(root))):\n"
-    "        for path in glob.glob(os.path.join(up, '**', '01_soft_dictionary.ipynb'),\n"
-    "                              recursive=True):\n"
-    "            for cell in json.load(open(path))['cells']:\n"
-    "                src = ''.join(cell['source'])\n"
-    "                if cell['cell_type'] == 'code' and 'BEGIN SOLUTION' in src:\n"
-    "                    exec(src, globals())\n")
-REBIND_CHECKERS = (
-    "import numpy as np, torch\n"
-    "for name in ('similarity_scores', 'softmax_weights', 'soft_lookup', 'query_gradient'):\n"
-    "    setattr(check, name, lambda *a, **k: None)\n"
-    "np.allclose = torch.allclose = lambda *a, **k: True\n"
-    "def similarity_scores(query, keys):\n"
-    "    return None\n")
-# name -> (answer cell, its source, based on the solution (True) or the blank exercise (False))
-CH01_VARIANTS = {
-    "reference_alias": ("ch01_soft_lookup",
-                        "from course_lib.lookup import soft_lookup as mine\n\n"
-                        "def soft_lookup(query, keys, values, temperature=1.0):\n"
-                        "    return mine(query, keys, values, temperature)", True),
-    "os_exit": ("ch01_softmax", "import os\nos._exit(1)", True),
-    "rebinds_checkers": ("ch01_scores", REBIND_CHECKERS, False),
-    "forges_the_worker_result": ("ch01_scores", FIND_WORKER, False),
-    "runs_the_solutions": ("ch01_scores", RUN_SOLUTIONS, False),
-}
-if SANDBOXED:  # without a sandbox this would rewrite the real course for a moment: not here
-    CH01_VARIANTS["rewrites_the_checkers"] = ("ch01_scores", REWRITE_CHECKERS, False)
-ATTACKS = ["rebinds_checkers", "forges_the_worker_result", "runs_the_solutions",
-           "rewrites_the_checkers"]
-
-
-def _course_marked() -> list[str]:
-    """Course files carrying the mark of the rewrite attack (the live tree, which other authors
-    may be editing meanwhile, so its digests are not compared; tests/test_grading_attacks.py
-    compares the fixture course's files byte for byte)."""
-    files = [*(REPO / "course_lib").rglob("*.py"), *(REPO / "solutions").glob("*.ipynb")]
-    return [str(p) for p in files if "_pwned" in p.read_text(encoding="utf-8", errors="replace")]
-
-
-@pytest.fixture(scope="module")
-def chapter_run(tmp_path_factory):
-    """Grade a snapshot of every chapter's solution and blank exercise, and the chapter-01
-    variants, in ONE command (snapshots, so an author re-executing a notebook meanwhile cannot
-    make the results race). The cheats come first and the blank exercises after them."""
-    snap = tmp_path_factory.mktemp("chapters")
-    paths = {}
-    if CH01 in CHAPTERS:
-        for name, (gid, source, from_solution) in CH01_VARIANTS.items():
-            folder = "solutions" if from_solution else "exercises"
-            nb = nbformat.read(REPO / folder / CH01, as_version=4)
-            for cell in nb.cells:
-                if gid_of(cell) == gid:
-                    cell.source = source
-            nbformat.write(nb, snap / f"01_{name}.ipynb")
-            paths[("variant", name)] = snap / f"01_{name}.ipynb"
-    for name in CHAPTERS:
-        for folder in ("solutions", "exercises"):
-            (snap / folder).mkdir(exist_ok=True)
-            copy_path = snap / folder / name
-            copy_path.write_bytes((REPO / folder / name).read_bytes())
-            paths[(folder, name)] = copy_path
-    paths[("junk", "")] = snap / "junk.ipynb"
-    paths[("junk", "")].write_bytes(b"\x00not a notebook")
-    before = {p: grading.file_digest(p) for p in paths.values()}
-    course_before = _course_marked()
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = cli.main(["grade", *map(str, paths.values()), "--json", "--timeout", "120"])
-    assert status == 0
-    after = {p: grading.file_digest(p) for p in paths.values()}
-    by_path = {Path(r["submission"]): r for r in json.loads(out.getvalue())}
-    results = {key: by_path[p] for key, p in paths.items()}
-    return results, (before, after), (course_before, _course_marked())
-
-
-def test_chapter_notebooks_and_course_files_are_byte_identical_after_grading(chapter_run):
-    _, (before, after), (course_before, course_after) = chapter_run
-    assert after == before
-    assert course_before == course_after == []
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -611,54 +505,3 @@ def test_every_graded_cell_of_every_chapter_is_judged_in_the_grader(name):
     plan = grading.assemble(source, source.nb, hidden=True)
     assert plan.in_kernel == []
     assert {c.grade_id for c in plan.cells if c.role == "probe"} == {g for g, _, _ in source.graded}
-
-
-@pytest.mark.parametrize("name", CHAPTERS)
-def test_chapter_solution_scores_full_points(chapter_run, name):
-    r = chapter_run[0][("solutions", name)]
-    assert r["error"] is None and len(r["exercises"]) >= 3
-    assert r["score"] == r["max_score"] > 0, [(e["id"], e["feedback"]) for e in r["exercises"]
-                                              if e["feedback"] != "passed"]
-
-
-@pytest.mark.parametrize("name", CHAPTERS)
-def test_chapter_blank_exercise_scores_zero(chapter_run, name):
-    """The one run of every blank exercise in the suite: each exercise fails as "not written
-    yet" with one of its hints, and nothing else (a set-up cell, a check) breaks."""
-    r = chapter_run[0][("exercises", name)]
-    assert r["error"] is None and r["score"] == 0 and r["max_score"] > 0
-    the_hints = hints(nbformat.read(REPO / "solutions" / name, as_version=4))
-    for e in r["exercises"]:
-        assert "not written yet" in e["feedback"], e
-        assert any(h in e["feedback"] for h in the_hints), e
-        assert "set-up cell" not in e["feedback"] and not e["flagged"], e
-
-
-@pytest.mark.parametrize("name", ATTACKS)
-def test_the_issues_attacks_on_chapter_01_score_0_and_are_flagged(chapter_run, name):
-    if ("variant", name) not in chapter_run[0]:
-        pytest.skip("chapter 01 is not there" if CH01 not in CHAPTERS else
-                    "needs the sandbox (it would rewrite the real course for a moment)")
-    r = chapter_run[0][("variant", name)]
-    assert r["score"] == 0 and r["exercises"], r
-    assert all(e["flagged"] and e["feedback"].startswith(grading.FLAG) for e in r["exercises"]), r
-
-
-def test_hostile_submissions_of_a_real_chapter(chapter_run):
-    results = chapter_run[0]
-    assert results[("junk", "")]["error"].startswith("not a readable Jupyter notebook")
-    if CH01 not in CHAPTERS:
-        pytest.skip("chapter 01 is not there")
-    by_id = {e["id"]: e for e in results[("variant", "reference_alias")]["exercises"]}
-    flagged = by_id.pop("ch01_soft_lookup_test")
-    assert flagged["score"] == 0 and flagged["feedback"].startswith(grading.FLAG)
-    assert flagged["flagged"] is True
-    assert "calls the course's own `course_lib.lookup.soft_lookup`" in flagged["feedback"]
-    assert all(e["score"] == e["max_score"] for e in by_id.values())
-    # os._exit in the softmax answer: that exercise and the one that needs softmax fail, the
-    # kernel is restarted, and the others still score.
-    by_id = {e["id"]: e for e in results[("variant", "os_exit")]["exercises"]}
-    assert by_id["ch01_softmax_test"]["score"] == 0
-    assert "kernel died" in by_id["ch01_softmax_test"]["feedback"]
-    assert by_id["ch01_scores_test"]["score"] == by_id["ch01_scores_test"]["max_score"]
-    assert by_id["ch01_gradient_test"]["score"] == by_id["ch01_gradient_test"]["max_score"]

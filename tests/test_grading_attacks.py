@@ -4,7 +4,7 @@ Every attack is graded twice in one run per mode: in the sandbox (where bubblewr
 without it (`sandbox=False`, as on macOS or Windows). Each must score 0 on what it attacks and
 be flagged; files and course modules stay byte-identical; a blank graded after the attacks in
 the same run still scores 0; nothing a submission starts outlives grading. The same attacks on
-the real chapter 01 are in tests/test_grading.py (`test_the_issues_attacks_on_chapter_01...`).
+the real chapter 01 are in tests/test_graded_batch.py (`test_the_issues_attacks_on_chapter_01...`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The course_lib a grading kernel imports holds no answer (issue 23; grader/strip.py).
 
-First what the stripped copy is (built here, read and imported in a subprocess), then the
-issue's cheats on the real chapters, graded through `course grade`'s pipeline: each used to earn
-full points on its exercise by calling a reference the kernel could reach, and now scores 0.
+What the stripped copy is: built here, read and imported in a subprocess. The issue's cheats
+that only a kernel shows are graded in the test run's shared batch (tests/test_graded_batch.py),
+those the grader's reading of the source catches on the source (tests/test_grader_reach.py): each
+used to earn full points on its exercise by calling a reference the kernel could reach.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
 import course_lib
-from course_tools import grader as grading
 from course_tools.grader import strip
 from course_tools.grader.pipeline import given_names
 from course_tools.grader.read import load_sources
@@ -205,191 +204,3 @@ def test_hints_and_explanations_say_nothing_in_the_kernel(stripped):
     original = (Path(course_lib.__file__).parent / "checks" / "ch01.py").read_text("utf-8")
     for feedback in re.findall(r'"([a-z]\w{3,}[^"]{40,})"', original):
         assert feedback not in source
-
-
-# ---------------------------------------------------------------- the issue's cheats, graded
-
-DISARM = (  # clear the trap, unregister the forbid list, then call the course's reference
-    "import sys, threading\n"
-    "from course_lib.lookup import soft_lookup as _reference\n"
-    "object.__setattr__(check.soft_lookup, 'forbid', ())\n"
-    "sys.setprofile(None)\n"
-    "threading.setprofile(None)\n"
-    "def soft_lookup(query, keys, values, temperature=1.0):\n"
-    "    return _reference(query, keys, values, temperature)\n")
-COPY_SOURCE = (  # the reference's source, one line lower, as a new function of the notebook
-    "import inspect, course_lib.lookup as _L\n"
-    "_ns = dict(vars(_L))\n"
-    "exec('\\n' + inspect.getsource(_L.soft_lookup).replace('def soft_lookup', 'def _mine'), _ns)\n"
-    "def soft_lookup(query, keys, values, temperature=1.0):\n"
-    "    return _ns['_mine'](query, keys, values, temperature)\n")
-OTHER_PATH = (  # the same file under another module name
-    "import importlib.util, course_lib.lookup as _L\n"
-    "_spec = importlib.util.spec_from_file_location('my_lookup', _L.__file__)\n"
-    "_mod = importlib.util.module_from_spec(_spec)\n"
-    "_spec.loader.exec_module(_mod)\n"
-    "soft_lookup = _mod.soft_lookup\n")
-THREAD = (  # a pool warmed before the check runs the reference where no trap looks
-    "from concurrent.futures import ThreadPoolExecutor\n"
-    "from course_lib.lookup import soft_lookup as _reference\n"
-    "_pool = ThreadPoolExecutor(1)\n"
-    "_pool.submit(int).result()\n"
-    "def soft_lookup(query, keys, values, temperature=1.0):\n"
-    "    return _pool.submit(_reference, query, keys, values, temperature).result()\n")
-FULL_GRID = (  # the issue's cheat: a full-grid causal attention in NumPy (0 FLOPs, ~0 bytes)
-    "import numpy as np\n"
-    "def causal_tiled(q, k, v, block_size):\n"
-    "    Q, K, V = (np.asarray(t, dtype=np.float64) for t in (q, k, v))\n"
-    "    n = len(Q)\n"
-    "    s = Q @ K.T / np.sqrt(Q.shape[1])\n"
-    "    s[np.arange(n)[:, None] < np.arange(n)[None, :]] = -np.inf\n"
-    "    w = np.exp(s - s.max(1, keepdims=True))\n"
-    "    return torch.tensor((w / w.sum(1, keepdims=True)) @ V, dtype=q.dtype)\n")
-# Issue 23's second round: each of these earned full points on the checkout before the grader read
-# the learner's source for what the check forbids (grader/reach.py) and flagged the disarming
-# itself (scan.py): the forbid list rewritten and re-registered, then the course's own function,
-# kept in the kernel because the chapter's cells use it, or a torch equivalent called.
-REREGISTER = ("object.__setattr__(check.{c}, 'forbid', ())\n"
-              "check.{c}.__post_init__()\n")
-ALL_TILES_IN_NUMPY = (  # tile by tile (no grid, 0 FLOPs read), every future tile computed
-    "import numpy as np\n"
-    "def causal_tiled(q, k, v, block_size):\n"
-    "    Q, K, V = (np.asarray(t, dtype=np.float64) for t in (q, k, v))\n"
-    "    n, d = Q.shape\n"
-    "    out = np.empty((n, V.shape[1]))\n"
-    "    for i in range(0, n, block_size):\n"
-    "        s = Q[i:i + block_size] @ K.T / np.sqrt(d)\n"
-    "        s[np.arange(i, i + len(s))[:, None] < np.arange(n)[None, :]] = -np.inf\n"
-    "        w = np.exp(s - s.max(1, keepdims=True))\n"
-    "        out[i:i + block_size] = (w / w.sum(1, keepdims=True)) @ V\n"
-    "    return torch.tensor(out, dtype=q.dtype)\n")
-AUTOGRAD_BY_ANOTHER_NAME = (
-    "def flash_backward(q, k, v, o, lse, do, block_size):\n"
-    "    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))\n"
-    "    s = q @ k.T / math.sqrt(q.shape[1])\n"
-    "    out = torch.exp(s - torch.logsumexp(s, 1, keepdim=True)) @ v\n"
-    "    engine = torch.autograd.variable.Variable._execution_engine\n"
-    "    return engine.run_backward((out,), (do,), False, False, (q, k, v), True)\n")
-CH02, CH08 = "02_queries_keys_values.ipynb", "08_efficient_kernel.ipynb"
-CHEATS = {  # name -> (notebook, answer cell, its source, the graded cell it must lose)
-    "ch02_log_softmax": (CH02, "ch02_softmax", "def softmax_rows(scores):\n"
-                         "    return torch.log_softmax(scores, -1).exp()\n", "ch02_softmax_test"),
-    "ch02_reregistered_tensor_softmax": (
-        CH02, "ch02_softmax", REREGISTER.format(c="softmax_rows") +
-        "def softmax_rows(scores):\n    return scores.softmax(-1)\n", "ch02_softmax_test"),
-    "ch05_reregistered_course_split_heads": (
-        "05_multihead.ipynb", "ch05_split_heads", REREGISTER.format(c="split_heads") +
-        "from course_lib.multihead import split_heads as _s\n"
-        "def split_heads(x, num_heads):\n    return _s(x, num_heads)\n", "ch05_split_heads_test"),
-    "ch06_reregistered_course_rnn_step": (
-        "06_attention_vs_recurrence.ipynb", "ch06_rnn_step", REREGISTER.format(c="rnn_step") +
-        "from course_lib.recurrent import rnn_step as _r\n"
-        "def rnn_step(x_t, h, W_xh, W_hh, b, alive=None):\n"
-        "    new = _r(x_t, h, W_xh, W_hh, b)\n"
-        "    return new if alive is None else torch.where(alive[:, None], new, h)\n",
-        "ch06_rnn_step_test"),
-    "ch08_reregistered_course_tiled": (
-        CH08, "ch08_causal_tiled", REREGISTER.format(c="causal_tiled") +
-        "def causal_tiled(q, k, v, block_size):\n"
-        "    return tiled_attention(q, k, v, causal=True, block_size=block_size)[0]\n",
-        "ch08_causal_tiled_test"),
-    "ch08_all_tiles_in_numpy": (CH08, "ch08_causal_tiled", ALL_TILES_IN_NUMPY,
-                                "ch08_causal_tiled_test"),
-    "ch08_autograd_by_another_name": (CH08, "ch08_flash_backward", AUTOGRAD_BY_ANOTHER_NAME,
-                                      "ch08_flash_backward_test"),
-    "ch09_reregistered_course_linear_attention": (
-        "09_paying_less.ipynb", "ch09_recurrence", REREGISTER.format(c="linear_recurrence") +
-        "def linear_recurrence(q, k, v):\n    return linear_attention(q, k, v, causal=True)\n",
-        "ch09_recurrence_test"),
-    "ch10_reregistered_course_block": (
-        "10_the_transformer.ipynb", "ch10_block", REREGISTER.format(c="transformer_block") +
-        "from course_lib.models.block import TransformerBlock\n"
-        "def transformer_block(x, params, num_heads, mask=None):\n"
-        "    d = x.shape[-1]\n"
-        "    b = TransformerBlock(d, num_heads, params['mlp.0.weight'].shape[0]).to(x.dtype)\n"
-        "    b.load_state_dict(params)\n"
-        "    with torch.no_grad():\n"
-        "        return b(x, mask)\n", "ch10_block_test"),
-    "ch01_disarms_forbid": ("01_soft_dictionary.ipynb", "ch01_soft_lookup", DISARM,
-                            "ch01_soft_lookup_test"),
-    "ch01_copies_the_source": ("01_soft_dictionary.ipynb", "ch01_soft_lookup", COPY_SOURCE,
-                               "ch01_soft_lookup_test"),
-    "ch01_other_module_path": ("01_soft_dictionary.ipynb", "ch01_soft_lookup", OTHER_PATH,
-                               "ch01_soft_lookup_test"),
-    "ch01_thread_pool": ("01_soft_dictionary.ipynb", "ch01_soft_lookup", THREAD,
-                         "ch01_soft_lookup_test"),
-    "ch04_checker_reference": ("04_masking.ipynb", "ch04_causal_attention",
-                               "def causal_attention(q, k, v):\n"
-                               "    return check._causal_reference(q, k, v)\n",
-                               "ch04_causal_attention_test"),
-    "ch05_checker_merge": ("05_multihead.ipynb", "ch05_merge_heads",
-                           "def merge_heads(x):\n    return check._ref_merge(x)\n",
-                           "ch05_merge_heads_test"),
-    "ch05_checker_mha": ("05_multihead.ipynb", "ch05_mha",
-                         "def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads, "
-                         "mask=None):\n"
-                         "    return check._ref_mha(x, w_q, w_k, w_v, w_o, num_heads, mask)\n",
-                         "ch05_mha_test"),
-    "ch08_checker_update": ("08_efficient_kernel.ipynb", "ch08_online_update",
-                            "def online_update(m, l, scores):\n"
-                            "    return check._reference_update(m, l, scores)\n",
-                            "ch08_online_update_test"),
-    "ch08_full_grid_in_numpy": ("08_efficient_kernel.ipynb", "ch08_causal_tiled", FULL_GRID,
-                                "ch08_causal_tiled_test"),
-    "ch10_checker_block": ("10_the_transformer.ipynb", "ch10_block",
-                           "def transformer_block(x, params, num_heads, mask=None):\n"
-                           "    return check._variant(x, params, num_heads, mask)\n",
-                           "ch10_block_test"),
-}
-
-
-def _graded(folder: Path, names: list[str], **options) -> dict:
-    paths = {}
-    for name in names:
-        notebook, gid, source, _ = CHEATS[name]
-        nb = nbformat.read(REPO / "solutions" / notebook, as_version=4)
-        cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid]
-        assert len(cells) == 1, (name, gid)
-        cells[0].source = source
-        paths[name] = folder / f"{notebook[:2]}_{name}.ipynb"
-        nbformat.write(nb, paths[name])
-    results = grading.grade(list(paths.values()), timeout=120, jobs=2, **options)
-    by_path = {Path(r.submission): r for r in results}
-    return {name: by_path[p] for name, p in paths.items()}
-
-
-# Without the sandbox (macOS, Windows, --unsafe-no-sandbox) the stripped copy, the source's
-# reading and the outside memory judge apply the same: one cheat of each kind, graded so.
-UNSANDBOXED = ["ch01_disarms_forbid", "ch02_log_softmax", "ch05_reregistered_course_split_heads",
-               "ch08_full_grid_in_numpy"]
-
-
-@pytest.fixture(scope="module")
-def cheated(tmp_path_factory):
-    return _graded(tmp_path_factory.mktemp("cheats"), sorted(CHEATS))
-
-
-@pytest.fixture(scope="module")
-def cheated_unsandboxed(tmp_path_factory):
-    return _graded(tmp_path_factory.mktemp("cheats-unsandboxed"), UNSANDBOXED, sandbox=False)
-
-
-def _scores_0(result, name: str) -> None:
-    target = CHEATS[name][3]
-    assert result.error is None, result.error
-    scores = {e.id: e for e in result.exercises}
-    assert scores[target].score == 0, (target, scores[target].feedback)
-    feedback = scores[target].feedback
-    assert scores[target].flagged or "does not have it" in feedback or \
-        strip.IN_GRADER in feedback or "read from outside the kernel" in feedback or \
-        "torch's FLOP counter saw only" in feedback, feedback
-
-
-@pytest.mark.parametrize("name", sorted(CHEATS))
-def test_a_cheat_that_calls_a_reference_the_kernel_had_scores_0(cheated, name):
-    _scores_0(cheated[name], name)
-
-
-@pytest.mark.parametrize("name", UNSANDBOXED)
-def test_without_the_sandbox_the_same_cheats_score_0(cheated_unsandboxed, name):
-    _scores_0(cheated_unsandboxed[name], name)
