@@ -1,15 +1,20 @@
-"""The real nbgrader grades every chapter as `course grade` does: the solution full marks, the
+"""The real nbgrader grades the chapters as `course grade` does: the solution full marks, the
 blank 0, out of the same points.
 
 docs/instructors.md ("Using the notebooks with nbgrader") tells an instructor to put each solution
 notebook into an nbgrader assignment of its own, `nbgrader generate_assignment` it, then release,
-collect and `nbgrader autograde`. This does exactly that, once for the whole module, in a
-throwaway nbgrader course under tmp_path: its own nbgrader_config.py, gradebook, kernelspec
-(this interpreter) and Jupyter/IPython folders, so no user or global configuration is read or
-written and nothing reaches the network. Two learners hand in every chapter: "solved" the
-solution notebook as it is, "blank" the generated release notebook unchanged. One
-`nbgrader autograde` call grades a course's submissions (with two cores, two such courses of
-half the chapters each run side by side: 1 to 2 minutes); the tests then read the gradebooks.
+collect and `nbgrader autograde`. This does exactly that, in throwaway nbgrader courses under
+tmp_path: their own nbgrader_config.py, gradebook, kernelspec (this interpreter) and
+Jupyter/IPython folders, so no user or global configuration is read or written and nothing
+reaches the network.
+
+- Every chapter's assignment is generated (no kernel runs for that), and the gradebook's points
+  per grade cell are compared with `course grade`'s.
+- A representative set is autograded (`REPRESENTATIVE`: chapter 05, with predictions and the
+  cheat below, and chapter 08, the Triton chapter): learner "solved" hands in the solution
+  notebook as it is, "blank" the generated release notebook unchanged. The other chapters'
+  autograde is the `sweep` marker, which the test command leaves out and `make test-all` runs
+  (an instructor's check before a workshop): `.venv/bin/pytest tests/test_nbgrader.py -m sweep`.
 
 nbgrader scores a grade cell 0 when it raises or writes to stderr, its points otherwise, so this
 also checks that no check cell of a correct answer writes a warning and that a blank's every
@@ -36,6 +41,8 @@ from nbgrader.api import Gradebook  # noqa: E402  (after the skip: nbgrader is o
 REPO = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted(p.name for p in (REPO / "solutions").glob("[0-9][0-9]_*.ipynb")
                   if (REPO / "exercises" / p.name).exists())
+# autograded by the test command: a chapter with predictions and the cheat, and the Triton one
+REPRESENTATIVE = ("05_multihead.ipynb", "08_efficient_kernel.ipynb")
 KERNEL = "attention-course-nbgrader-test"
 CELL_TIMEOUT = 120  # seconds per cell, as the suite's nbval runs (each notebook runs in < 60 s)
 TOTAL_TIMEOUT = 600  # seconds for one nbgrader command (each takes about 90 s here)
@@ -101,24 +108,31 @@ def write_config(course: Path, db_url: str) -> None:
         "c.Autograde.autograde_preprocessors = autograde_preprocessors()\n")
 
 
-def grade_course(tmp: Path, names: list[str]) -> dict:
-    """One nbgrader course for the chapters named: generate their assignments, hand in both
-    learners' notebooks, autograde them all in one call, and read the gradebook:
-    {(chapter, student): (score, max_score, {grade cell: (score, max_score)}, the notebook
-    nbgrader executed)}."""
+def new_course(tmp: Path, names: list[str]) -> tuple[Path, str, dict]:
+    """An nbgrader course with the chapters named as its assignments, generated: (its folder, its
+    gradebook's URL, the environment its commands run in)."""
     course = tmp / "course"
     course.mkdir(parents=True)
     db_url = f"sqlite:///{course / 'gradebook.db'}"
     env = isolated_env(tmp)
     write_config(course, db_url)
-    solutions = {name: (REPO / "solutions" / name).read_bytes() for name in names}
     for name in names:
         (course / "source" / assignment(name)).mkdir(parents=True)
-        (course / "source" / assignment(name) / name).write_bytes(solutions[name])
+        (course / "source" / assignment(name) / name).write_bytes(
+            (REPO / "solutions" / name).read_bytes())
     nbgrader(["generate_assignment", "*"], course, env)  # every assignment in source/
+    return course, db_url, env
+
+
+def grade_course(tmp: Path, names: list[str]) -> dict:
+    """One nbgrader course for the chapters named: generate their assignments, hand in both
+    learners' notebooks, autograde them all in one call, and read the gradebook:
+    {(chapter, student): (score, max_score, {grade cell: (score, max_score)}, the notebook
+    nbgrader executed)}."""
+    course, db_url, env = new_course(tmp, names)
     for name in names:
         released = (course / "release" / assignment(name) / name).read_bytes()
-        handed = [("solved", solutions[name]), ("blank", released)]
+        handed = [("solved", (REPO / "solutions" / name).read_bytes()), ("blank", released)]
         if name in CHEATS:
             handed.append(("cheat", cheated(name)))
         for student, nb in handed:
@@ -147,15 +161,39 @@ def cheated(name: str) -> bytes:
     return nbformat.writes(nb).encode()
 
 
+def chapters():
+    """Every chapter, those outside REPRESENTATIVE marked `sweep` (left out by the test
+    command; `make test-all` runs them)."""
+    return [name if name in REPRESENTATIVE else pytest.param(name, marks=pytest.mark.sweep)
+            for name in CHAPTERS]
+
+
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """Every chapter graded by nbgrader. With two cores, two independent nbgrader courses (each
-    its own folders, gradebook and kernels; nothing shared) grade half of the chapters each at
-    the same time."""
+def generated(tmp_path_factory):
+    """Every chapter's assignment generated in one nbgrader course: {chapter: {grade cell:
+    points}}, read from its gradebook (no kernel runs)."""
+    course, db_url, _ = new_course(tmp_path_factory.mktemp("nbgrader-generate"), CHAPTERS)
+    with Gradebook(db_url) as gb:
+        return {name: {c.name: c.max_score for c in
+                       gb.find_notebook(Path(name).stem, assignment(name)).grade_cells}
+                for name in CHAPTERS
+                if (course / "release" / assignment(name) / name).exists()}
+
+
+@pytest.fixture(scope="module")
+def graded(request, tmp_path_factory):
+    """The chapters this run's selected tests ask for, autograded by nbgrader. With two cores
+    and more than one chapter, two independent nbgrader courses (each its own folders, gradebook
+    and kernels; nothing shared) grade half of them each at the same time."""
+    wanted = sorted({item.callspec.params["name"] for item in request.session.items
+                     if getattr(item, "module", None) is request.module
+                     and "graded" in item.fixturenames
+                     and "name" in getattr(getattr(item, "callspec", None), "params", {})})
     tmp = tmp_path_factory.mktemp("nbgrader")
-    groups = [CHAPTERS[i::COURSES] for i in range(COURSES)]
-    with ThreadPoolExecutor(COURSES) as pool:
-        parts = pool.map(grade_course, [tmp / f"course{i}" for i in range(COURSES)], groups)
+    courses = max(1, min(COURSES, len(wanted)))
+    groups = [wanted[i::courses] for i in range(courses)]
+    with ThreadPoolExecutor(courses) as pool:
+        parts = pool.map(grade_course, [tmp / f"course{i}" for i in range(courses)], groups)
         return {key: value for part in parts for key, value in part.items()}
 
 
@@ -172,14 +210,14 @@ def outputs(autograded: Path, cells: list[str]) -> dict:
     return said
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", chapters())
 def test_nbgrader_gives_the_solution_full_marks(graded, name):
     """A grade cell loses its points in nbgrader when it raises or writes to stderr."""
     score, max_score, cells, autograded = graded[name, "solved"]
     assert score == max_score > 0, outputs(autograded, [c for c, s in cells.items() if s[0] < s[1]])
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", chapters())
 def test_nbgrader_gives_the_blank_zero(graded, name):
     """Every check cell of the generated student version raises."""
     score, max_score, cells, _ = graded[name, "blank"]
@@ -187,15 +225,23 @@ def test_nbgrader_gives_the_blank_zero(graded, name):
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
-def test_nbgrader_counts_the_points_course_grade_counts(graded, name):
-    """The same graded cells, each worth the same points, in both graders."""
+def test_nbgrader_counts_the_points_course_grade_counts(generated, name):
+    """The same graded cells, each worth the same points, in both graders (read from the
+    gradebook nbgrader's generate_assignment wrote)."""
     source = parse_source(REPO / "solutions" / name,
                           nbformat.read(REPO / "solutions" / name, as_version=4))
     ours = {gid: points for gid, points, _ in source.graded}
+    assert generated[name] == ours
+
+
+@pytest.mark.parametrize("name", chapters())
+def test_an_autograded_submission_is_scored_out_of_those_points(graded, name):
+    """What nbgrader's autograde recorded for each learner: out of the same points."""
+    ours = sum(points for _, points, _ in parse_source(
+        REPO / "solutions" / name, nbformat.read(REPO / "solutions" / name, as_version=4)).graded)
     for student in STUDENTS:
         _, max_score, cells, _ = graded[name, student]
-        assert {c: m for c, (_, m) in cells.items()} == ours
-        assert max_score == sum(ours.values())
+        assert max_score == ours == sum(m for _, m in cells.values())
 
 
 @pytest.mark.parametrize("name", sorted(CHEATS))

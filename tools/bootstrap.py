@@ -3,6 +3,8 @@
 
     python3 tools/bootstrap.py lab     # JupyterLab on the course, with the course's kernel
     python3 tools/bootstrap.py test    # the whole test suite (unit tests, nbval, exercises)
+    python3 tools/bootstrap.py test-all  # the same and the sweeps it leaves out (nbgrader on
+                                         # every chapter): before a workshop
     python3 tools/bootstrap.py setup   # only create/refresh .venv
 
 Standard library only, so it runs on a fresh machine (Linux, macOS, Windows:
@@ -113,7 +115,7 @@ def lab(args: list[str]) -> None:
 SECOND_NUMERIC_SETTING = {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}
 
 
-def test(args: list[str]) -> None:
+def test(args: list[str], sweep: bool = False) -> None:
     setup()
     env = {**SECOND_NUMERIC_SETTING, **os.environ, "PYTHONHASHSEED": "0"}
     env.pop("MPLBACKEND", None)  # notebooks need the inline backend to emit their figures
@@ -123,19 +125,26 @@ def test(args: list[str]) -> None:
     run(BIN / "ruff", "check", ".", env=env)
     setting = ", ".join(f"{k}={env[k]}" for k in SECOND_NUMERIC_SETTING)
     say(f"running the test suite: unit tests, notebooks (nbval), exercises, grader ({setting})")
-    workers = "2" if (os.cpu_count() or 1) >= 2 else "0"
+    # One worker more than the cores: a third of the suite's time is spent waiting (kernels and
+    # servers starting, timeouts of hostile submissions), which the extra worker fills.
+    cpus = os.cpu_count() or 1
+    workers = str(min(cpus + 1, 8)) if cpus >= 2 else "0"
+    # a file at a time on each worker, the longest first (tests/conftest.py)
     run(PY, "-m", "pytest", "-n", workers, "--dist", "loadfile",
+        *(["-m", "sweep or not sweep"] if sweep else []),
         "tests", "notebooks", "solutions",
         "--nbval", "--nbval-current-env", "--nbval-cell-timeout", "120",
         "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", *args, env=env)
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"lab", "test", "setup"}:
+    commands = {"lab": lab, "test": test, "test-all": lambda a: test(a, sweep=True),
+                "setup": lambda a: setup()}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     command, args = sys.argv[1], sys.argv[2:]
     try:
-        {"lab": lab, "test": test, "setup": lambda a: setup()}[command](args)
+        commands[command](args)
     except subprocess.CalledProcessError as e:
         sys.exit(e.returncode)
     except KeyboardInterrupt:
