@@ -1,9 +1,14 @@
-"""The explorers work in a real JupyterLab: run a lecture notebook in headless Chromium, check no
-cell errored and every explorer's controls rendered, move a control and see the figure redraw.
+"""The explorers work in a real JupyterLab: run a lecture notebook's explorers in headless
+Chromium, check no cell errored and every explorer's controls rendered, move a control and see
+the figure redraw.
 
 Each lecture notebook that shows an explorer is copied (outputs cleared, the committed file is
-never touched) into a fresh lab of its own (see conftest.py). Screenshots land in
-tests/browser/screenshots/ (git-ignored). Needs /usr/bin/chromium; skips without it.
+never touched) into a fresh lab of its own (see conftest.py), keeping the cells its explorers
+need (`explorer_slice`: the set-up cell, each explorer's cell, and every earlier cell that binds
+a name one of those reads). That every cell of a lecture runs without an error is nbval's test
+of the same notebook in the same environment; what only a browser shows is tested here.
+Screenshots land in tests/browser/screenshots/ (git-ignored). Needs /usr/bin/chromium; skips
+without it.
 
     .venv/bin/pytest tests/browser            # every lecture that shows an explorer
     .venv/bin/pytest tests/browser -k 01      # one chapter; add -s for per-phase times
@@ -11,6 +16,7 @@ tests/browser/screenshots/ (git-ignored). Needs /usr/bin/chromium; skips without
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -20,6 +26,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
 
 from course_lib.widgets import _WHERE as EXPLORER_FACTORIES
 
@@ -36,14 +43,66 @@ EXPLORER_NAME = re.compile(r"\b(?:Explorer|" + "|".join(EXPLORER_FACTORIES) + r"
 
 
 def explorer_notebooks() -> list[Path]:
-    """Lecture notebooks whose code calls `.show()` on an explorer."""
-    found = []
-    for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")):
-        code = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells
-                         if cell.cell_type == "code")
-        if EXPLORER_NAME.search(code) and SHOW_CALL.search(code):
-            found.append(path)
-    return found
+    """Lecture notebooks with a cell that calls `.show()` on an explorer."""
+    return [path for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+            if any(cell.cell_type == "code" and is_explorer(cell.source)
+                   for cell in nbformat.read(path, as_version=4).cells)]
+
+
+def is_explorer(source: str) -> bool:
+    """A cell that shows an explorer: it names one and calls `.show()`."""
+    return bool(EXPLORER_NAME.search(source) and SHOW_CALL.search(source))
+
+
+class _Binds(ast.NodeVisitor):
+    """The names a cell binds for the cells after it: assignments, imports, defs and loop
+    targets, but not the locals of its functions, lambdas or comprehensions."""
+
+    def __init__(self):
+        self.names: set[str] = set()
+
+    def visit_FunctionDef(self, node):
+        self.names.add(node.name)
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
+    def visit_Import(self, node):
+        self.names.update((a.asname or a.name).split(".")[0] for a in node.names)
+
+    visit_ImportFrom = visit_Import
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            self.names.add(node.id)
+
+    def visit_Lambda(self, node):
+        pass
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_Lambda
+
+
+def explorer_slice(sources: list[str]) -> list[int]:
+    """The code cells (indices into `sources`) an explorer needs: the first (the set-up), each
+    explorer's, and, transitively, the last cell before a needed one that binds a name it reads
+    (magics are read as IPython runs them)."""
+    binds, reads = [], []
+    for source in sources:
+        tree = ast.parse(TransformerManager().transform_cell(source))
+        found = _Binds()
+        found.visit(tree)
+        binds.append(found.names)
+        reads.append({n.id for n in ast.walk(tree)
+                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)})
+    needed = {0} | {i for i, source in enumerate(sources) if is_explorer(source)}
+    todo = sorted(needed)
+    while todo:
+        i = todo.pop()
+        for name in reads[i]:
+            binder = next((j for j in range(i - 1, -1, -1) if name in binds[j]), None)
+            if binder is not None and binder not in needed:
+                needed.add(binder)
+                todo.append(binder)
+    return sorted(needed)
 
 
 # ---------------------------------------------------------------- JavaScript run in the page
@@ -216,9 +275,15 @@ def nudge_control(page, cell) -> str:
     pytest.fail("the explorer shows no slider, dropdown, toggle buttons or button to move")
 
 
-def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
+def run_notebook_in_lab(lab, page, source: Path, shot_name: str, cells=None) -> None:
+    """Run the notebook at `source` in the lab (only its code cells numbered in `cells`, when
+    given, with every markdown cell), check that nothing failed, and move every explorer."""
     # A scratch copy: outputs, counts and saved widget state cleared, this env's kernel named.
     nb = nbformat.read(source, as_version=4)
+    if cells is not None:
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        keep = {id(code[i]) for i in cells}
+        nb.cells = [c for c in nb.cells if c.cell_type != "code" or id(c) in keep]
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -323,6 +388,19 @@ def run_notebook_in_lab(lab, page, source: Path, shot_name: str) -> None:
     print(f"\n{source.name}: " + "; ".join(timings + moves))
 
 
+def test_an_explorer_slice_keeps_what_the_explorer_reads():
+    """Without a browser: the cells kept are the set-up, the explorer's, and the last binder
+    of each name a kept cell reads (a later rebinding, a function's local, a magic)."""
+    sources = ["from course_lib.env import setup_notebook\nsetup_notebook()",
+               "import torch\nw = torch.ones(3)",          # 1: binds w, read by 4
+               "w = torch.zeros(3)\nunused = 1",            # 2: rebinds w: the one 4 sees
+               "%time heavy = sum(range(10**6))",             # 3: nobody reads heavy
+               "def f(x):\n    w = x\n    return w\nlabels = [f(i) for i in w]",  # 4
+               "explorer = Explorer(draw, labels)\nexplorer.show()",  # 5: reads labels
+               "plt.show()"]
+    assert explorer_slice(sources) == [0, 1, 2, 4, 5]
+
+
 # ---------------------------------------------------------------- the tests
 
 SCRATCH_CELLS = [
@@ -361,8 +439,10 @@ def test_scratch_explorer_redraws_in_lab(page, lab, tmp_path):  # page first: se
 
 @pytest.mark.parametrize("notebook", explorer_notebooks(), ids=lambda p: p.stem)
 def test_lecture_explorers_work_in_lab(page, lab, notebook):  # page first: see conftest
-    """A lecture notebook runs cleanly in the lab and each of its explorers redraws when moved."""
-    run_notebook_in_lab(lab, page, notebook, notebook.stem)
+    """A lecture notebook's explorers run cleanly in the lab and each redraws when moved."""
+    code = [c.source for c in nbformat.read(notebook, as_version=4).cells
+            if c.cell_type == "code"]
+    run_notebook_in_lab(lab, page, notebook, notebook.stem, cells=explorer_slice(code))
     if notebook.stem.startswith("01_") and os.environ.get("COURSE_UPDATE_DOCS_IMG") == "1":
         # Refresh the README's picture of an explorer in the lab (on request only: it is committed).
         docs_img = REPO / "docs" / "img"
