@@ -43,6 +43,7 @@ CHAPTERS = sorted(p.name for p in (REPO / "solutions").glob("[0-9][0-9]_*.ipynb"
                   if (REPO / "exercises" / p.name).exists())
 CH01, CH04, CH08 = "01_soft_dictionary.ipynb", "04_masking.ipynb", "08_efficient_kernel.ipynb"
 TIMEOUT_S = 120  # per cell, as nbval runs the notebooks (each runs in under 60 s)
+JOBS = 4  # submissions at once: grading one waits on its kernel for half of its time
 
 
 def grade_id(cell) -> str | None:
@@ -260,7 +261,8 @@ def grade(folder: Path) -> Batch:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         status = cli.main(["grade", *map(str, paths.values()), "--json", "--timeout",
-                           str(TIMEOUT_S), *([] if sandboxed else ["--unsafe-no-sandbox"])])
+                           str(TIMEOUT_S), "--jobs", str(JOBS),
+                           *([] if sandboxed else ["--unsafe-no-sandbox"])])
     assert status == 0, out.getvalue()[-2000:]
     by_path = {Path(r["submission"]): r for r in json.loads(out.getvalue())}
     results = {key: by_path[p] for key, p in paths.items()}
@@ -275,7 +277,7 @@ def grade(folder: Path) -> Batch:
             nbformat.write(_edited("exercises", notebook, gid, source),
                            loose[("unsandboxed", name)])
     before.update({p: grading.file_digest(p) for p in loose.values()})
-    graded = grading.grade(list(loose.values()), timeout=TIMEOUT_S, sandbox=False)
+    graded = grading.grade(list(loose.values()), timeout=TIMEOUT_S, jobs=JOBS, sandbox=False)
     by_path = {Path(r["submission"]): r for r in json.loads(grading.format_json(graded))}
     results.update({key: by_path[p] for key, p in loose.items()})
 

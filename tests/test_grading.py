@@ -164,7 +164,7 @@ def hostile_run(fixture_course):
     """ONE `course grade --json` over every hostile submission: it must run to the end."""
     root, solutions, subs, pylib = fixture_course
     before = _digests(subs)
-    status, out, err = _grade_cli(subs, "--json", solutions=solutions, pylib=pylib)
+    status, out, err = _grade_cli(subs, "--json", "--jobs", "4", solutions=solutions, pylib=pylib)
     return status, json.loads(out), before, _digests(subs), subs, err
 
 

@@ -255,7 +255,8 @@ STRAY = ("/tmp/pwned.txt", "/tmp/pwned-by-pickle", str(Path.home() / "pwned.txt"
 
 @pytest.fixture(scope="module", params=MODES)
 def attacked(course, request):
-    """ONE grade of the attacks per mode (in name order, jobs=1: the blank comes last)."""
+    """ONE grade of the attacks per mode, two at a time in name order: the blank starts after
+    every attack has started, and all but the last have finished."""
     root, solutions, pylib, subs = course
     before = _digests(subs, solutions, pylib)
     for p in STRAY:  # left by an earlier run that was stopped before it cleaned up
@@ -263,7 +264,7 @@ def attacked(course, request):
     files = [subs] if request.param == "sandbox" else [subs / n for n in UNSANDBOXED]
     with _environment(COURSE_H5_SECRET=SECRET):
         results, lines, grew_mb = _grade_alone(
-            files, timeout=TIMEOUT, memory_mb=MEMORY_MB, jobs=1, solutions_dir=solutions,
+            files, timeout=TIMEOUT, memory_mb=MEMORY_MB, jobs=2, solutions_dir=solutions,
             python_path=[pylib], sandbox=request.param == "sandbox", disk_mb=DISK_MB)
     after = _digests(subs, solutions, pylib)
     stray = [p for p in STRAY if Path(p).exists()]
