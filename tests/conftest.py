@@ -5,8 +5,8 @@ its CPU interpreter, and torch's profiler and FLOP counter import it as a side e
 `course_lib.flash` first sets TRITON_INTERPRET=1 on a machine without a CUDA GPU (and does nothing
 on one with a GPU), so the kernel tests work whichever test module a worker happens to run first.
 
-The test command runs the files on two workers, a file at a time (`--dist loadfile`, so a
-module's fixtures are made once). The longest files go out first, so that the two workers
+The test command runs the files on its workers a file at a time (`--dist loadfile`, so a
+module's fixtures are made once). The longest files go out first, so that the workers
 finish together: xdist would otherwise order files by their number of tests.
 """
 

@@ -4,7 +4,7 @@ Grading a chapter runs its notebook in a kernel, which is the slowest thing the 
 happens once per test run, in this module's `graded_batch` fixture, and every test that needs a
 chapter's score is here and reads it. One module is one unit of work for `--dist loadfile`, so
 the batch is made on one worker, and tests/conftest.py sends it out first (the longest unit
-first, so the two workers finish together). The batch holds:
+first, so the workers finish together). The batch holds:
 
 - every chapter's solution (full points) and blank exercise (0, each exercise "not written yet");
 - chapter 01 with hostile answers: the issue-12 attacks on the grader, a call of the course's
