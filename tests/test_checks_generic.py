@@ -11,8 +11,8 @@ import importlib
 import pytest
 from checker_cases import assert_feedback
 
-from course_lib.checks import Check
-from course_lib.checks._protocol import decode, encode, run_cases
+from course_lib.checks import Check, CheckFailure
+from course_lib.checks._protocol import all_checks, decode, encode, run_cases
 
 # a new chapter joins by defining the lists in its tests/test_checks_chNN.py and adding it here
 CHAPTERS = {chapter: importlib.import_module(f"test_checks_{chapter}")
@@ -102,3 +102,48 @@ def test_every_choice_check_finds_its_letters_and_one_right_one_in_its_hints():
     for check_id, info in choices:
         texts, right = _predict.choice_texts(check_id, info["letters"])
         assert right in texts and all(texts.values()), check_id
+
+
+# ---------------------------------------------------------------- named mistakes, as data
+
+MISTAKES = [
+    pytest.param(check, i, id=f"{check.id}-{i}")
+    for check in all_checks() for i in range(len(check.mistakes))
+]
+
+
+def _as_answer(check, fn):
+    """What a learner hands the check: the function itself, or for a value check its value."""
+    return fn() if check.takes_value else fn
+
+
+@pytest.mark.parametrize("check, i", MISTAKES)
+def test_every_declared_mistake_is_named_when_its_wrong_answer_is_handed_in(check, i):
+    """Each named mistake is declared once, as its wrong answer (course_lib/checks/_mistakes):
+    handed in, that answer fails and its own message comes out, so no recogniser is dead."""
+    mistake = check.mistakes[i]
+    with pytest.raises(CheckFailure) as info:
+        check(_as_answer(check, mistake.variant))
+    assert mistake.words().search(str(info.value)), (
+        f"{check.id}'s mistake {i} did not name itself; the feedback was:\n{info.value}")
+
+
+@pytest.mark.parametrize("check", [c for c in all_checks() if c.mistakes], ids=lambda c: c.id)
+def test_the_reference_the_mistakes_are_judged_against_passes(check, capsys):
+    check(_as_answer(check, check.reference))
+    assert capsys.readouterr().out.startswith("✔")
+
+
+def test_the_chapters_declare_their_named_mistakes():
+    assert len(MISTAKES) >= 8
+
+
+@pytest.mark.parametrize("check, i", [p for p in MISTAKES if not p.values[0].takes_value])
+def test_every_declared_mistake_is_named_on_the_graders_hidden_cases(check, i):
+    """What `course grade` does with the same wrong answer: a fresh seed, hidden cases, the
+    judge in the grader's process."""
+    cases = check.cases(5, True)
+    outcomes = run_cases(check, (check.mistakes[i].variant,), decode(encode(cases)))
+    with pytest.raises(CheckFailure) as info:
+        check.judge(cases, outcomes)
+    assert check.mistakes[i].words().search(str(info.value)), str(info.value)

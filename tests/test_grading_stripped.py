@@ -121,15 +121,24 @@ def _in_kernel(lib: Path, code: str) -> dict:
 
 
 def test_every_checker_module_imports_and_declares_the_same_checks(stripped):
+    """... and none of them carries its reference or its named mistakes' wrong answers (each
+    a working answer, or the way to one) into the kernel."""
     from course_lib.checks import all_checks
 
     want = {c.id: [c.name, list(c.grade_ids), c.hint_key] for c in all_checks()}
+    assert sum(len(c.mistakes) for c in all_checks()) and any(c.reference for c in all_checks())
     got = _in_kernel(stripped, (
         "import course_lib\n"
         f"assert course_lib.__file__.startswith({str(stripped)!r}), course_lib.__file__\n"
         "from course_lib.checks import all_checks\n"
-        "out = {c.id: [c.name, list(c.grade_ids), c.hint_key] for c in all_checks()}"))
+        "out = {c.id: [c.name, list(c.grade_ids), c.hint_key] for c in all_checks()}\n"
+        "carried = [c.id for c in all_checks() if c.mistakes or c.reference is not None]\n"
+        "assert not carried, carried"))
     assert got == want
+    for path in (stripped / "checks").rglob("*.py"):
+        calls = [n for n in ast.walk(ast.parse(path.read_text("utf-8")))
+                 if isinstance(n, ast.Call) and strip._is_check_factory(n)]
+        assert not [k.arg for c in calls for k in c.keywords if k.arg in strip.JUDGE_KEYWORDS]
 
 
 def test_an_exercises_function_is_a_stub_that_says_so_and_shows_no_code(build):

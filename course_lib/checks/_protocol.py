@@ -58,6 +58,7 @@ from course_lib.checks._data import (  # noqa: F401 (re-exported)
     load_outcomes,
     to_data,
 )
+from course_lib.checks._mistakes import Mistake, judging
 
 _FAILED: set[str] = set()        # ids that already failed once in this process (tier-1 hint shown)
 _CREATED: dict[str, Check] = {}  # every Check as its module created it (the probe trusts these)
@@ -98,6 +99,10 @@ class Check:
     # feedback when it does not (a full score grid where the exercise is to tile it)
     memory_mb: float | None = None
     memory_note: str = ""
+    # judging only (the grading kernel's copy has neither; see _mistakes): the right answer and
+    # the named wrong ones, each with the learner's signature
+    reference: Callable[..., Any] | None = None
+    mistakes: tuple[Mistake, ...] = ()
 
     def __post_init__(self):
         if not re.fullmatch(r"[a-z]\w*\.[A-Za-z_]\w*", self.id or ""):
@@ -105,7 +110,12 @@ class Check:
         object.__setattr__(self, "hints", tuple(self.hints))
         object.__setattr__(self, "grade_ids", tuple(self.grade_ids))
         object.__setattr__(self, "forbid", tuple(self.forbid))
-        object.__setattr__(self, "judge", _guarded(self.judge, self.name))
+        object.__setattr__(self, "mistakes", tuple(self.mistakes))
+        if self.mistakes and self.reference is None:
+            raise ValueError(f"{self.id}: named mistakes are judged against a reference=")
+        if not all(isinstance(m, Mistake) for m in self.mistakes):
+            raise ValueError(f"{self.id}: mistakes= takes Mistake(message, variant) entries")
+        object.__setattr__(self, "judge", _guarded(self.judge, self.name, self))
         _CREATED[self.id] = self
         _PARTS[self.id] = (self.cases, self.run, self.judge, self.forbid)
 
@@ -113,6 +123,11 @@ class Check:
     def name(self) -> str:
         """The public name (`similarity_scores`), used in feedback."""
         return self.id.split(".", 1)[1]
+
+    @property
+    def takes_value(self) -> bool:
+        """A value check: the learner commits a value, nothing of theirs is called."""
+        return self.run is _the_value
 
     @property
     def __name__(self) -> str:  # so a Check reads like the checker function it replaced
@@ -201,7 +216,8 @@ def function_check(exercise: int, *, cases: Callable[[int, bool], list],
                    args: tuple[str, ...] | None = None, run: Callable[..., Any] | None = None,
                    grade: str | None = None, forbid: tuple = (),
                    hints: tuple[str, ...] | None = None, memory_mb: float | None = None,
-                   memory_note: str = "") -> Callable[[Judge], Check]:
+                   memory_note: str = "", reference: Callable[..., Any] | None = None,
+                   mistakes: tuple[Mistake, ...] = ()) -> Callable[[Judge], Check]:
     """A build or debug check, declared on its judge: the learner writes the function the
     judge is named after, and the check calls it on every case.
 
@@ -213,6 +229,8 @@ def function_check(exercise: int, *, cases: Callable[[int, bool], list],
     (exercise `exercise` of the chapter's solution notebook) follow. `run` defaults to calling
     the learner's function on the case's entries `args` in order (args=None: on the case itself).
     `memory_mb` / `memory_note`: see `Check` (grading measures the kernel's memory from outside).
+    `reference` / `mistakes`: the right answer and the named wrong ones, as functions with the
+    learner's signature (`_mistakes`; the judge calls `named_mistake` where they are judged).
     """
     def declare(judge: Judge) -> Check:
         name = judge.__name__
@@ -222,7 +240,8 @@ def function_check(exercise: int, *, cases: Callable[[int, bool], list],
                 inputs = (case,) if args is None else tuple(case[a] for a in args)
                 return call(fn, *inputs, name=name)
         return Check(cases=cases, run=runner, judge=judge, forbid=forbid, memory_mb=memory_mb,
-                     memory_note=memory_note, **_declared(name, exercise, judge, grade, hints))
+                     memory_note=memory_note, reference=reference, mistakes=mistakes,
+                     **_declared(name, exercise, judge, grade, hints))
     return declare
 
 
@@ -237,13 +256,17 @@ def _the_value(*values_and_case: Any) -> Any:
 
 
 def value_check(exercise: int, *, grade: str | None = None, forbid: tuple = (),
-                hints: tuple[str, ...] | None = None) -> Callable[[Judge], Check]:
+                hints: tuple[str, ...] | None = None,
+                reference: Callable[[], Any] | None = None,
+                mistakes: tuple[Mistake, ...] = ()) -> Callable[[Judge], Check]:
     """A predict or experiment check: the learner commits a value (a prediction, a measured
     number; or several, `check.window_reach(reach, beyond)`, judged as one tuple) and the judge
     compares it with the grader's own run; nothing of the learner's is called. Declared on its
-    judge like `function_check`."""
+    judge like `function_check`; a `reference` or mistake `variant` here takes no argument and
+    returns the value."""
     def declare(judge: Judge) -> Check:
         return Check(cases=_one_value, run=_the_value, judge=judge, forbid=forbid,
+                     reference=reference, mistakes=mistakes,
                      **_declared(judge.__name__, exercise, judge, grade, hints))
     return declare
 
@@ -273,8 +296,10 @@ def each(cases: list, outcomes: list):
         yield case, value(outcome)
 
 
-def _guarded(judge: Callable[[list, list], str], name: str) -> Callable[[list, list], str]:
-    """A judge that never crashes on a malformed outcome: it fails the check instead."""
+def _guarded(judge: Callable[[list, list], str], name: str,
+             check: Check | None = None) -> Callable[[list, list], str]:
+    """A judge that never crashes on a malformed outcome: it fails the check instead. It runs
+    as `check`'s judge (what `named_mistake` and `expected` read)."""
     if getattr(judge, "_guarded", False):
         return judge
 
@@ -285,7 +310,8 @@ def _guarded(judge: Callable[[list, list], str], name: str) -> Callable[[list, l
                                f"({len(outcomes) if isinstance(outcomes, list) else '?'} results "
                                f"for {len(cases)} cases).")
         try:
-            message = judge(cases, outcomes)
+            with judging(check):
+                message = judge(cases, outcomes)
         except CheckFailure:
             raise
         except Exception as e:  # noqa: BLE001 - an unexpected answer must not crash the judge

@@ -17,9 +17,9 @@ from course_lib.checks._core import (
     expect_pair,
     expect_shape,
     fail,
-    matches,
     to_tensor,
 )
+from course_lib.checks._mistakes import Mistake, expected, named_mistake
 from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._routes import ATTENTION, SOFTMAX
 from course_lib.checks._values import read_numbers
@@ -46,24 +46,28 @@ def _causal_cases(seed: int, hidden: bool) -> list:
     return [4, 7, 1] + ([3, 2, 33] if hidden else [])
 
 
-@function_check(1, grade="causal", cases=_causal_cases, forbid=((masks, "causal_mask"),))
+def _lower(n: int, diagonal: int = 0) -> torch.Tensor:
+    """True on and below diagonal `diagonal` of an (n, n) grid (0: the main diagonal)."""
+    return torch.ones(n, n, dtype=torch.bool).tril(diagonal)
+
+
+@function_check(1, grade="causal", cases=_causal_cases, forbid=((masks, "causal_mask"),),
+                reference=_lower, mistakes=(
+    Mistake("your mask is upper-triangular: it lets query i see keys j >= i, the future. True "
+            "should sit on and BELOW the diagonal (key j <= query i).",
+            lambda n: _lower(n).T),
+    Mistake("your mask is True where attention is forbidden. The convention is True = may "
+            "attend: query i may see keys 0..i.", lambda n: ~_lower(n)),
+    Mistake("your mask forbids the diagonal: a token may attend to itself (key j = i is "
+            "allowed).", lambda n: _lower(n, -1)),
+    Mistake("your mask is off by one diagonal: query i also sees key i + 1, one step into the "
+            "future. The last key query i may see is key i itself.", lambda n: _lower(n, 1)),
+))
 def causal_mask(cases: list, outcomes: list) -> str:
     for n, got in each(cases, outcomes):
         got = _bool_result(got, f"causal_mask({n})", (n, n))
-        i = torch.arange(n)
-        want = i[None, :] <= i[:, None]  # (n, n): key index <= query index
-        if n > 1 and torch.equal(got, want.T):
-            fail("your mask is upper-triangular: it lets query i see keys j >= i, the future. "
-                 "True should sit on and BELOW the diagonal (key j <= query i).")
-        if torch.equal(got, ~want):
-            fail("your mask is True where attention is forbidden. The convention is True = may "
-                 "attend: query i may see keys 0..i.")
-        if torch.equal(got, want & ~torch.eye(n, dtype=torch.bool)):
-            fail("your mask forbids the diagonal: a token may attend to itself (key j = i is "
-                 "allowed).")
-        if n > 1 and torch.equal(got, torch.ones(n, n, dtype=torch.bool).tril(1)):
-            fail("your mask is off by one diagonal: query i also sees key i + 1, one step into "
-                 "the future. The last key query i may see is key i itself.")
+        named_mistake(n, got)
+        want = expected(n)
         if not torch.equal(got, want):
             fail(f"causal_mask({n}) is not lower-triangular with the diagonal: expected\n"
                  f"{want.int()}\ngot\n{got.int()}")
@@ -80,22 +84,29 @@ def _padding_cases(seed: int, hidden: bool) -> list:
     return [{"lengths": lengths, "n_keys": n_keys} for lengths, n_keys in cases]
 
 
+def _padding_ok(lengths: list, n_keys: int) -> torch.Tensor:
+    return torch.arange(n_keys)[None, None, :] < torch.tensor(lengths)[:, None, None]
+
+
 @function_check(2, grade="padding", cases=_padding_cases, forbid=((masks, "padding_mask"),),
                 run=lambda fn, case: call(fn, list(case["lengths"]), case["n_keys"],
-                                          name="padding_mask"))
+                                          name="padding_mask"),
+                reference=_padding_ok, mistakes=(
+    Mistake("your mask is True on the padding. True = may attend: the first lengths[b] keys "
+            "of sequence b are True, the padding after them False.",
+            lambda lengths, n_keys: ~_padding_ok(lengths, n_keys)),
+))
 def padding_mask(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         lengths, n_keys = case["lengths"], case["n_keys"]
         what = f"padding_mask({lengths}, {n_keys})"
-        want = torch.arange(n_keys)[None, None, :] < torch.tensor(lengths)[:, None, None]
+        want = expected(case)
         if isinstance(got, torch.Tensor) and tuple(got.shape) == (len(lengths), n_keys):
             fail(f"{what} has shape {tuple(got.shape)}; expected (batch, 1, n_keys) = "
                  f"{tuple(want.shape)}: add a middle axis of size 1 so it broadcasts over the "
                  "queries.")
         got = _bool_result(got, what, tuple(want.shape))
-        if torch.equal(got, ~want):
-            fail("your mask is True on the padding. True = may attend: the first lengths[b] keys "
-                 "of sequence b are True, the padding after them False.")
+        named_mistake(case, got)
         if not torch.equal(got, want):
             fail(f"{what} marks the wrong keys: expected\n{want.int()}\ngot\n{got.int()}")
     return "padding_mask: the first lengths[b] keys of sequence b, shape (batch, 1, n_keys)."
@@ -188,14 +199,15 @@ def masked_softmax(cases: list, outcomes: list) -> str:
 
 # ---------------------------------------------------------------- exercise 5 (debug)
 
-def _causal_reference(q, k, v, diagonal: int = 1):
+def _causal_reference(q, k, v, diagonal: int = 1, dim: int = -1):
     """Attention with keys j >= i + diagonal blocked (diagonal=1 is causal; 2 is the planted
-    bug, one future key leaking; 0 also hides each token from itself)."""
+    bug, one future key leaking), its softmax over axis `dim` (-1, the keys; -2 is the
+    softmax over the queries)."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     blocked = torch.triu(torch.ones(n_q, n_k, dtype=torch.bool), diagonal=diagonal)
     scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(blocked,
                                                                           float("-inf"))
-    w = torch.softmax(scores, dim=-1)
+    w = torch.softmax(scores, dim=dim)
     return w @ v, w
 
 
@@ -211,34 +223,33 @@ def _causal_attention_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
-_same = partial(matches, atol=1e-7, rtol=1e-6, equal_nan=True)
+def _weights(result):
+    return result[1]
 
 
 @function_check(5, args=("q", "k", "v"), cases=_causal_attention_cases,
-                forbid=((masks, "causal_mask"), *ATTENTION))
+                forbid=((masks, "causal_mask"), *ATTENTION), reference=_causal_reference,
+                mistakes=(
+    Mistake("still off by one diagonal: query i also reads key i + 1, one token of the future "
+            "(the leak test shows it: change only token j and the output of query j - 1 "
+            "moves). The blocked keys start right after the diagonal.",
+            partial(_causal_reference, diagonal=2), on=_weights),
+    Mistake("each COLUMN of your weights sums to 1: the softmax ran over the queries "
+            "(dim=-2). Each query's row must sum to 1 over the keys it may read: dim=-1.",
+            partial(_causal_reference, dim=-2), on=_weights),
+))
 def causal_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
-        q, k, v = case["q"], case["k"], case["v"]
-        n = q.shape[-2]
+        n = case["q"].shape[-2]
         out, weights = expect_pair(result, "causal_attention", "(out, weights) of shapes "
                                    "(..., n, d_v) and (..., n, n)")
-        want_out, want_w = _causal_reference(q, k, v)
+        want_out, want_w = expected(case)
         w = to_tensor(weights, "the weights of causal_attention", dtype=torch.float64)
         expect_shape(w, want_w.shape, "the weights of causal_attention")
-        if n > 1 and _same(w, _causal_reference(q, k, v, diagonal=2)[1]):
-            fail("still off by one diagonal: query i also reads key i + 1, one token of the "
-                 "future (the leak test shows it: change only token j and the output of query "
-                 "j - 1 moves). The blocked keys start right after the diagonal.")
-        if _same(w, _causal_reference(q, k, v, diagonal=0)[1]) or (
-                not bool(torch.isfinite(w).all()) and n > 0):
+        named_mistake(case, (out, w))
+        if not bool(torch.isfinite(w).all()) and n > 0:
             fail("your mask now also hides each token from itself: query 0 has no key left "
                  "and its weights come out NaN. Key j = i is allowed; only j > i is the future.")
-        blocked = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
-        scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(blocked,
-                                                                               float("-inf"))
-        if n > 1 and _same(w, torch.softmax(scores, dim=-2)):
-            fail("each COLUMN of your weights sums to 1: the softmax ran over the queries "
-                 "(dim=-2). Each query's row must sum to 1 over the keys it may read: dim=-1.")
         past = torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1)
         if n > 1 and bool((w[..., past] == 0).all()) and bool((w[..., past.T] > 0).all()):
             fail("your weights are zero on the past and positive on the future: the mask is the "
@@ -268,25 +279,37 @@ def _leaked(penalty: float, rows_with_blocked_only: bool = False) -> float:
     return float(per_row[:-1].mean() if rows_with_blocked_only else per_row.mean())
 
 
-@value_check(6, grade="soft_mask")
+def _leaked_all(rows_with_blocked_only: bool = False) -> dict:
+    return {m: _leaked(m, rows_with_blocked_only) for m in SOFT_MASK_PENALTIES}
+
+
+def _first_penalty(case, got) -> dict:
+    m = SOFT_MASK_PENALTIES[0]
+    return {"m": m, "x": got[m]}
+
+
+@value_check(6, grade="soft_mask", reference=_leaked_all, mistakes=(
+    Mistake("leaked[{m}] = {x:.4g} averages over the 7 rows that have a blocked key; the "
+            "measurement averages over all 8 rows (the last row leaks 0).",
+            partial(_leaked_all, rows_with_blocked_only=True), atol=1e-12, rtol=1e-4,
+            detail=_first_penalty),
+))
 def soft_mask_experiment(cases: list, outcomes: list) -> str:
-    (_, got), = each(cases, outcomes)
+    (case, got), = each(cases, outcomes)
     measured = read_numbers(got, "leaked", SOFT_MASK_PENALTIES)
+    named_mistake(case, measured)
+    want = expected(case)
     for m in SOFT_MASK_PENALTIES:
-        want, x = _leaked(m), measured[m]
-        if abs(x - want) <= 1e-4 * want + 1e-12:
+        x = measured[m]
+        if abs(x - want[m]) <= 1e-4 * want[m] + 1e-12:
             continue
-        if abs(x - _leaked(m, rows_with_blocked_only=True)) <= 1e-4 * want + 1e-12:
-            fail(f"leaked[{m}] = {x:.4g} averages over the 7 rows that have a blocked key; the "
-                 "measurement averages over all 8 rows (the last row leaks 0).")
         if x == 0:
             fail(f"leaked[{m}] is 0: did you mask with -inf? Subtract the penalty {m} from the "
                  "blocked scores instead, and measure what still reaches the future.")
-        side = "too large" if x > want else "too small"
+        side = "too large" if x > want[m] else "too small"
         fail(f"leaked[{m}] = {x:.4g} is {side}: subtract {m} from the scores of the keys j > i "
              "(only those), softmax each row, add up each row's weight on those keys, and "
              "average over the 8 rows.")
     return (f"leaked: {measured[5]:.3f} of each row's weight reaches the future at a penalty of "
             f"5, {measured[10]:.1e} at 10 and {measured[30]:.0e} at 30: a soft mask only hides "
             "the future when its penalty dwarfs the spread of the scores.")
-

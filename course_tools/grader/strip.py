@@ -11,8 +11,9 @@ chapter per run:
   (`used_through`): then only the `forbid` trap stands for it, as before;
 * in every checker module (`checks/chNN.py`, `checks/_chNN_*.py`, all chapters) only the
   kernel half is left: what the checks' `run=` / `read=` arguments need, and the public helpers
-  the exercise notebooks use (their data). Judges, references and measurements are stubs; the
-  grader judges in its own process, with the real modules;
+  the exercise notebooks use (their data). Judges, references and measurements are stubs, and
+  every check declaration loses its `reference=` and `mistakes=` (the right answer and the
+  named wrong ones, `_mistakes`); the grader judges in its own process, with the real modules;
 * every `checks/hints/*.md` keeps its headings and one placeholder tier: no hint, and none of
   the explanation choices' texts or which letter is right (`choice_check` declares only its
   letters in Python and reads the rest from the md when judging).
@@ -34,6 +35,9 @@ from pathlib import Path
 
 CHECKER_FILE = re.compile(r"_?ch\d+(_\w+)?\.py")
 KERNEL_KEYWORDS = ("run", "read", "args", "forbid")  # what the kernel half uses
+# what only a judge uses, dropped from every check declaration: the right answer and the named
+# wrong ones (course_lib/checks/_mistakes.py), each a working answer to its exercise
+JUDGE_KEYWORDS = ("reference", "mistakes")
 PLACEHOLDER_TIER = "Hints are not shown while grading."
 IN_GRADER = ("this is the checkers' own code, which runs only in the grader's process: an answer "
              "cannot call it")
@@ -274,6 +278,9 @@ def strip_checkers(checks_dir: Path, keep: set[str]) -> None:
             continue  # a check's body is its judge: never the kernel's
         todo += [(module_name, n) for n in _names(node)]
     for module in modules.values():
+        for call in ast.walk(module.tree):
+            if isinstance(call, ast.Call) and _is_check_factory(call):
+                call.keywords = [k for k in call.keywords if k.arg not in JUDGE_KEYWORDS]
         for name, node in module.defs.items():
             if (module.name, name) in kept and not module.checks(name):
                 continue
