@@ -15,8 +15,6 @@ import math
 import torch
 import torch.nn as nn
 
-from course_lib.measure import best_time
-from course_lib.measure import threads as cpu_threads
 from course_lib.validate import check_count, wrong_shape
 
 
@@ -128,29 +126,3 @@ def state_memory(n: int, d: int, num_layers: int = 1, bytes_per_number: int = 4)
     kv = 2 * n * d * num_layers
     return {"n": n, "rnn_numbers": rnn, "attention_numbers": kv,
             "rnn_bytes": rnn * bytes_per_number, "attention_bytes": kv * bytes_per_number}
-
-
-@torch.no_grad()
-def benchmark_serial_vs_parallel(ns=(16, 32, 64, 128, 256, 512), d: int = 64, batch: int = 4,
-                                 repeats: int = 3, seed: int = 0, threads: int | None = 1
-                                 ) -> list[dict[str, float]]:
-    """Best-of-`repeats` wall time (ms) of the RNN's step loop vs one attention call, per length n.
-
-    The RNN runs n dependent steps; attention runs two matrix products over all n at once.
-    threads: CPU threads for the measurement (default 1, so that it measures waiting, not core
-    count; None keeps torch's setting). Timings vary by machine and load: read the trend.
-    """
-    from course_lib.attention import scaled_dot_product_attention
-
-    if not ns or any(not isinstance(n, int) or n < 1 for n in ns):
-        raise ValueError(f"ns must be positive sequence lengths, got {ns!r}")
-    with cpu_threads(threads):
-        torch.manual_seed(seed)
-        rnn = RunningSummaryRNN(d, d)
-        rows = []
-        for n in ns:
-            x = torch.randn(batch, n, d)
-            rnn_s = best_time(lambda x=x: rnn(x), repeats)
-            attn_s = best_time(lambda x=x: scaled_dot_product_attention(x, x, x), repeats)
-            rows.append({"n": n, "rnn_ms": 1e3 * rnn_s, "attention_ms": 1e3 * attn_s})
-    return rows

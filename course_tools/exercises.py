@@ -98,15 +98,6 @@ def student_version(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNo
     return nb
 
 
-def graded_cells(nb: nbformat.NotebookNode) -> list[dict]:
-    """The nbgrader metadata of every graded cell, in notebook order."""
-    return [
-        dict(c.metadata["nbgrader"], cell_index=i)
-        for i, c in enumerate(nb.cells)
-        if c.metadata.get("nbgrader", {}).get("grade")
-    ]
-
-
 def hint_of(line: str) -> str | None:
     """The text of a `# HINT: ...` line, or None when the line is not one."""
     m = HINT.match(line)

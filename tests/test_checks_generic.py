@@ -12,12 +12,13 @@ import pytest
 from checker_cases import assert_feedback
 
 from course_lib.checks import Check, CheckFailure
-from course_lib.checks._protocol import all_checks, decode, encode, run_cases
+from course_lib.checks._data import decode, encode
+from course_lib.checks._kernel import run_cases
+from course_lib.checks._registry import all_checks, chapters
 
-# a new chapter joins by defining the lists in its tests/test_checks_chNN.py and adding it here
-CHAPTERS = {chapter: importlib.import_module(f"test_checks_{chapter}")
-            for chapter in ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08",
-                            "ch09", "ch10")}
+# every chapter the registry finds (course_lib/checks/chNN) defines these lists in its own
+# tests/test_checks_chNN.py: a new chapter joins by writing that file, nothing here
+CHAPTERS = {chapter: importlib.import_module(f"test_checks_{chapter}") for chapter in chapters()}
 
 RIGHT = [
     pytest.param(checker, answer, id=f"{chapter}-{checker.__name__}-{i}")
@@ -94,7 +95,7 @@ def test_right_answers_pass_the_graders_hidden_cases_for_any_seed(checker, answe
 def test_every_choice_check_finds_its_letters_and_one_right_one_in_its_hints():
     """A why-choice's texts live in hints/chNN.md, read when judging: every chapter's parse."""
     from course_lib.checks import _predict
-    from course_lib.checks._protocol import all_checks
+    from course_lib.checks._registry import all_checks
 
     choices = [(c.id, _predict.COMMITTING[c.id]) for c in all_checks()
                if _predict.COMMITTING.get(c.id, {}).get("kind") == "choice"]

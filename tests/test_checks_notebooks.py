@@ -1,4 +1,4 @@
-"""The Checks of chapters 01-08 and the solution notebooks that use them agree: graded test cells
+"""The Checks of every chapter with a solution notebook and those notebooks agree: graded test cells
 hold only check calls (the grader reads them with `ast` and judges each call itself), every check
 has tiered hints ending at its solution, and an answer cell named after a check shows that check's
 tier-1 hint as its `# HINT:` line. (That no nudge or student cell gives the solution away is
@@ -11,11 +11,11 @@ import nbformat
 import pytest
 
 from course_lib.checks import Check, get
-from course_lib.checks._protocol import all_checks
+from course_lib.checks._registry import all_checks
 from course_tools.exercises import student_version
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAPTERS = [f"{n:02d}" for n in range(1, 10)]
+CHAPTERS = sorted(p.name[:2] for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 SOLUTIONS = {nn: next((ROOT / "solutions").glob(f"{nn}_*.ipynb")) for nn in CHAPTERS}
 CHECKS = [c for c in all_checks() if c.id[2:4] in CHAPTERS]
 

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 import course_lib.attention as attention
-from course_lib.checks import Check, CheckFailure, _protocol, get, hint
-from course_lib.checks._core import ReferenceCall, call, expect_close
+from course_lib.checks import Check, CheckFailure, _data, _kernel, get, hint
+from course_lib.checks._core import call, expect_close
+from course_lib.checks._data import OutcomeError, decode, encode, load_outcomes, to_data
+from course_lib.checks._judging import value
 from course_lib.checks._probe import load_tampered, probe, tampered_path, tampering
-from course_lib.checks._protocol import OutcomeError, decode, encode, load_outcomes, to_data, value
+from course_lib.checks._trap import ReferenceCall
 
 
 def _double_cases(seed, hidden):
@@ -190,8 +192,8 @@ def test_to_data_keeps_data_and_refuses_the_rest():
     assert type(out["f"]) is float and out["pt"] == (1, 2) and type(out["pt"]) is tuple
     assert out["t"].is_contiguous() and not out["g"].requires_grad
     for bad in (object(), np.array(["a"]), {(1, 2): 3}, torch.zeros(1, device="meta"),
-                [[[[[[[[[[[[[[1]]]]]]]]]]]]]], torch.zeros(_protocol.MAX_NUMEL + 1)):
-        with pytest.raises(_protocol._Unreadable):
+                [[[[[[[[[[[[[[1]]]]]]]]]]]]]], torch.zeros(_data.MAX_NUMEL + 1)):
+        with pytest.raises(_data._Unreadable):
             to_data(bad)
 
 
@@ -282,22 +284,22 @@ def test_probe_reports_a_rebound_checker_and_a_replaced_check_part(tmp_path, mon
     monkeypatch.setattr(ch01, name, planted, raising=False)
     assert tampering(check.id) == []
     monkeypatch.setattr(ch01, name, lambda *a, **k: None)  # `check.x = lambda *a, **k: None`
-    monkeypatch.setattr(_protocol, "run_cases", lambda *a: [])
+    monkeypatch.setattr(_kernel, "run_cases", lambda *a: [])
     found = tampering(check.id)
     assert f"course_lib.checks.ch01.{name} (a checker) was replaced" in found
-    assert any("_protocol.run_cases was replaced" in t for t in found)
+    assert any("_kernel.run_cases was replaced" in t for t in found)
     object.__setattr__(check, "run", lambda fn, case: 2 * case["x"])
     assert f"{check.id}.run was replaced" in tampering(check.id)
 
 
 def test_probe_reports_a_disarmed_forbid_and_profile_hooks(monkeypatch):
-    from course_lib.checks import _core
+    from course_lib.checks import _trap
 
     check = make_double("disarm")
-    monkeypatch.setattr(_core._Forbid, "__exit__", lambda self, *exc: False)
+    monkeypatch.setattr(_trap._Forbid, "__exit__", lambda self, *exc: False)
     monkeypatch.setattr(sys, "setprofile", lambda hook: None)
     found = tampering(check.id)
-    assert "course_lib.checks._core._Forbid.__exit__ was replaced" in found
+    assert "course_lib.checks._trap._Forbid.__exit__ was replaced" in found
     assert "sys.setprofile was replaced" in found
 
 
@@ -338,7 +340,7 @@ def test_loader_refuses_large_files_and_malformed_outcomes(tmp_path):
         load_outcomes(tmp_path / "missing.pt")
     for bad in ({"ok": 1}, [{"ok": 1, "error": "x"}], [{"ok": 1, "extra": 2}], [["ok"]],
                 [{"error": 3}], [{"ok": torch.zeros(1).expand(10**6)}],
-                [{"ok": torch.zeros(_protocol.MAX_NUMEL + 1, dtype=torch.bool)}],
+                [{"ok": torch.zeros(_data.MAX_NUMEL + 1, dtype=torch.bool)}],
                 [{"ok": {(1,): 2}}], [{"ok": torch.ones(2, requires_grad=True)}]):
         torch.save(bad, path)
         with pytest.raises(OutcomeError):

@@ -10,7 +10,6 @@ from course_tools.exercises import (
     BEGIN_SOLUTION,
     ExerciseFormatError,
     build,
-    graded_cells,
     hints,
     hints_in,
     strip_solution,
@@ -75,7 +74,8 @@ def test_malformed_markers_are_reported(src, msg):
 @pytest.mark.parametrize("path", SOLUTIONS, ids=IDS)
 def test_solution_notebook_is_well_formed(path):
     nb = nbformat.read(path, as_version=4)
-    graded = graded_cells(nb)
+    graded = [dict(c.metadata["nbgrader"], cell_index=i) for i, c in enumerate(nb.cells)
+              if c.metadata.get("nbgrader", {}).get("grade")]
     assert len(graded) >= 3, "each chapter needs at least 3 graded exercises"
     ids = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata]
     assert len(ids) == len(set(ids)), "grade_id values must be unique"

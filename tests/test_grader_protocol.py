@@ -50,7 +50,7 @@ def test_course_tools_imports_no_private_course_lib_module():
 def test_the_check_finds_a_private_import(tmp_path):
     bad = tmp_path / "course_tools" / "x.py"
     bad.parent.mkdir()
-    bad.write_text("from course_lib.checks._protocol import encode\n"
+    bad.write_text("from course_lib.checks._data import encode\n"
                    "from course_lib.checks import _core\n"
                    "SOURCE = '__import__(\"course_lib.checks._probe\")'\n")
     assert len(_private_uses(bad, tmp_path)) == 3

@@ -37,7 +37,8 @@ from grading_fixture import (
 
 import course_lib.lookup as lookup
 from course_lib.checks import _core, ch01
-from course_lib.checks._core import CheckFailure, ReferenceCall, forbid
+from course_lib.checks._core import CheckFailure
+from course_lib.checks._trap import ReferenceCall, forbid
 from course_lib.lookup import soft_lookup as aliased_reference
 from course_tools import cli
 from course_tools import grader as grading

@@ -9,6 +9,7 @@ used to earn full points on its exercise by calling a reference the kernel could
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import re
@@ -26,27 +27,6 @@ from course_tools.grader.read import load_sources
 
 REPO = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted(f"ch{p.name[:2]}" for p in (REPO / "solutions").glob("[0-9]*.ipynb"))
-
-# What each checker module keeps whole in the grading kernel: the kernel half (what the checks'
-# run=/read= arguments call) and the data helpers the notebooks use. Everything else there is
-# a stub. A new entry here is a review: it must compute no answer to any exercise.
-KERNEL_HALF = {
-    "_ch08_backward": {"_run"},
-    "ch04": {"soft_mask_scores"},
-    # ch06's gradient exercise measures the learner's function on an RNN the kernel must run
-    # (`_model`, `_step`): the one RNN step of exercise 1 is in reach there (a known limit)
-    "ch06": {"_model", "_step", "_step_run"},
-    "ch07": {"_cached_run"},
-    "ch08": {"_tiled_run", "_warm_flop_counter"},
-    "_ch08_kernels": {"_flat", "_inner_step_kernel", "_interpreted", "_laid_out",
-                      "_launch_failed", "_not_written_hint", "_own_launch", "_softmax_run",
-                      "_step_run", "_written"},
-    "_ch08_puzzles": {"_bias_run", "_block", "_launch", "_max_run", "_mean_run"},
-    "ch10": {"_ablate_run"},
-}
-# Chapter 08's tools for running a learner's Triton kernel: they hold no reference at all.
-KERNEL_MODULES = {"_ch08_guard", "_ch08_compile"}
-
 
 def _is_reader(name: str) -> bool:
     """A commit's `read=`: checks the form of a prediction, holds no reference."""
@@ -93,18 +73,26 @@ def _stub_class(node: ast.ClassDef) -> bool:
 
 
 def test_only_the_kernel_half_of_every_checker_module_is_left(stripped):
-    for path in sorted((stripped / "checks").glob("*.py")):
-        if not strip.CHECKER_FILE.fullmatch(path.name) or path.stem in KERNEL_MODULES:
+    """What each checker module keeps whole in the grading kernel is what it declares itself,
+    its KERNEL_HALF (what the checks' run=/read= call, and the data helpers the notebooks
+    use; none by default). A module that declares no check (chapter 08's tools for running a
+    learner's Triton kernel) holds no reference at all and is not pinned."""
+    modules = strip.checker_modules(stripped / "checks")
+    assert "course_lib.checks.ch04" in modules and "course_lib.checks.ch08.kernels" in modules
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if not any(isinstance(n, ast.Call) and strip._is_check_factory(n)
+                   for n in ast.walk(tree)):
             continue
         kept = {n for n in _kept(path) if not _is_reader(n)}
-        assert kept == KERNEL_HALF.get(path.stem, set()), path.name
+        assert kept == set(getattr(importlib.import_module(name), "KERNEL_HALF", ())), name
 
 
 def test_the_references_the_issue_named_are_stubs(stripped):
     for module, name in [("ch04", "_causal_reference"), ("ch05", "_ref_merge"),
-                         ("ch05", "_ref_mha"), ("ch08", "_reference_update"),
-                         ("ch10", "_variant"), ("ch08", "measured_fraction")]:
-        path = stripped / "checks" / f"{module}.py"
+                         ("ch05", "_ref_mha"), ("ch08.tiling", "_reference_update"),
+                         ("ch10", "_variant"), ("ch08.tiling", "measured_fraction")]:
+        path = strip.checker_modules(stripped / "checks")[f"course_lib.checks.{module}"]
         assert name in {n.name for n in ast.parse(path.read_text("utf-8")).body
                         if isinstance(n, ast.FunctionDef)}, (module, name)
         assert name not in _kept(path), (module, name)
@@ -201,7 +189,7 @@ def test_an_installed_course_is_hidden_under_the_same_copy(tmp_path):
 
 
 def test_hints_and_explanations_say_nothing_in_the_kernel(stripped):
-    from course_lib.checks._protocol import chapter_hints
+    from course_lib.checks._hints import chapter_hints
 
     for md in sorted((stripped / "checks" / "hints").glob("*.md")):
         text = md.read_text(encoding="utf-8")

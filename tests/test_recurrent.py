@@ -6,7 +6,6 @@ import torch.nn as nn
 
 from course_lib.recurrent import (
     RunningSummaryRNN,
-    benchmark_serial_vs_parallel,
     gradient_vs_distance,
     rnn_step,
     state_memory,
@@ -86,12 +85,6 @@ def test_state_memory_numbers():
     assert m["attention_bytes"] == 4 * m["attention_numbers"]
     with pytest.raises(ValueError, match="n must be a positive integer, got 0"):
         state_memory(0, 4)
-
-
-def test_benchmark_returns_rows():
-    rows = benchmark_serial_vs_parallel(ns=(8, 16), d=8, batch=2, repeats=1)
-    assert [r["n"] for r in rows] == [8, 16]
-    assert all(r["rnn_ms"] > 0 and r["attention_ms"] > 0 for r in rows)
 
 
 def test_bad_input():

@@ -30,7 +30,6 @@ from course_lib.stacking.text import (
     head_jobs,
     nats_per_character,
     repeat_score,
-    repeated_random,
     repeated_text,
     split,
     text_batch,
@@ -167,8 +166,6 @@ def test_text_scores_on_weights_built_to_do_one_job():
     torch.testing.assert_close(current_token_score(w), torch.tensor([1.0, 1 / n]))
     scores = delimiter_score(w, tokens, tok.delimiter_ids())  # queries 3..8 have one before them
     assert float(scores[1]) == 1.0 and float(scores[0]) == 0.0
-    rep = repeated_random(torch.Generator().manual_seed(0), torch.arange(4), 3, 5)
-    assert rep.shape == (3, 10) and torch.equal(rep[:, :5], rep[:, 5:])
     text = repeated_text(torch.arange(100), torch.Generator().manual_seed(0), 4, 6)
     assert text.shape == (4, 12) and torch.equal(text[:, :6], text[:, 6:])
     assert (text[:, 1:6] - text[:, :5]).eq(1).all()  # one contiguous stretch

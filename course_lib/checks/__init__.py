@@ -1,6 +1,6 @@
 """Checkers for the exercise notebooks, one module per chapter (`ch01`, `ch02`, ...).
 
-Each checker is a `Check` (see `_protocol`): it makes inputs, runs the learner's function or reads
+Each checker is a `Check` (see `_check`): it makes inputs, runs the learner's function or reads
 the learner's value on them, and judges the result against the course's reference, printing a
 one-line success or raising `CheckFailure` (an AssertionError, so graders count it as a failed
 test) whose message names the mistake. A checker never crashes on a wrong answer: None, NumPy
@@ -25,18 +25,14 @@ package and imports nothing else of this one:
   Check's `judge` raises, which the grader turns into feedback or a flag.
 """
 
-from course_lib.checks._core import CheckFailure, ReferenceCall
+from course_lib.checks._check import Check
+from course_lib.checks._core import CheckFailure
+from course_lib.checks._data import OutcomeError, encode, load_outcomes
+from course_lib.checks._hints import hint
 from course_lib.checks._predict import commit_info, parse_records
 from course_lib.checks._probe import load_tampered, probe
-from course_lib.checks._protocol import (
-    Check,
-    OutcomeError,
-    all_checks,
-    encode,
-    get,
-    hint,
-    load_outcomes,
-)
+from course_lib.checks._registry import all_checks, get
+from course_lib.checks._trap import ReferenceCall
 
 __all__ = ["Check", "CheckFailure", "OutcomeError", "ReferenceCall", "all_checks", "commit_info",
            "encode", "get", "hint", "load_outcomes", "load_tampered", "parse_records", "probe"]

@@ -18,6 +18,12 @@ learner's output equals that variant's output AND the variant's output differs f
 declared variant through its check and fails when its message does not come out, so a
 recogniser that never fires is a failing test, not a silent one.
 
+Two things to know when writing one. A reference or variant is handed in as an answer by that
+test, so it runs under the check's `forbid`: write it from plain torch operations, not with the
+course function the exercise rules out. And `expected` and the outputs compared are the data
+the kernel hands back (`_data.to_data`): a NumPy scalar comes back as a Python float (read it
+with `torch.as_tensor(x, dtype=torch.float64)`). Each runs once per case and judgement.
+
 The variants and references never reach a grading kernel: the strip (course_tools/grader/
 strip.py) drops the `reference=` and `mistakes=` arguments of every check declaration, and the
 judges that use them run only in the grader's process.
@@ -46,7 +52,10 @@ class Mistake:
     `detail(case, got)` (a dict) on the case where the mistake showed. `variant` is the wrong
     answer, with the learner's signature. Outputs are compared as float64 values to within
     `atol + rtol·|x|` (NaN equal to NaN); `on`, when given, picks the part of an output that is
-    compared (`on=lambda out: out[1]`: the weights of an (out, weights) pair)."""
+    compared (`on=lambda out: out[1]`: the weights of an (out, weights) pair); `when`, when
+    given, says on which cases the mistake may be named (`when=lambda case: case["h"] > 1`:
+    where another mistake gives the same output on some case, and the old feedback named that
+    one there)."""
 
     message: str
     variant: Callable[..., Any]
@@ -54,6 +63,7 @@ class Mistake:
     rtol: float = 1e-6
     on: Callable[[Any], Any] | None = None
     detail: Callable[[Any, Any], dict] | None = None
+    when: Callable[[Any], bool] | None = None
 
     def __post_init__(self):
         if not isinstance(self.message, str) or not self.message:
@@ -100,53 +110,71 @@ def _float64(v: Any) -> torch.Tensor:
     return torch.as_tensor(np.asarray(v, dtype=np.float64))
 
 
-# The check whose judge is running (set by `Check` around its judge): named_mistake reads its
-# reference and mistakes from here, so a judge names none of them itself.
-_JUDGING: contextvars.ContextVar = contextvars.ContextVar("judging", default=None)
+# The check whose judge is running (set by `Check` around its judge), and the outputs its
+# reference and variants gave on each case so far: named_mistake and expected read both, so a
+# judge names none of them itself and each runs once per case and judgement.
+_JUDGING: contextvars.ContextVar = contextvars.ContextVar("judging", default=(None, None))
 
 
 @contextlib.contextmanager
 def judging(check: Any) -> Iterator[None]:
-    token = _JUDGING.set(check)
+    token = _JUDGING.set((check, {}))
     try:
         yield
     finally:
         _JUDGING.reset(token)
 
 
-def output(check: Any, answer: Callable[..., Any], case: Any) -> Any:
+def output(check: Any, answer: Callable[..., Any], case: Any, memo: dict | None = None) -> Any:
     """What `answer` (the reference or a variant, with the learner's signature) gives on `case`,
-    run as the check runs a learner's answer, as the same data the learner's output became."""
+    run as the check runs a learner's answer, as the same data the learner's output became.
+    Raises _NoOutput when the answer does not run on this case."""
     from course_lib.checks._data import to_data
 
-    try:
-        out = answer() if check.takes_value else check.run(answer, case)
-        return to_data(out)
-    except Exception as e:  # noqa: BLE001 - a variant that does not apply to this case
-        raise _NoOutput(str(e)) from e
+    key = (id(answer), id(case))
+    if memo is not None and key in memo:
+        found = memo[key]
+    else:
+        try:
+            found = to_data(answer() if check.takes_value else check.run(answer, case))
+        except Exception as e:  # noqa: BLE001 - a variant that does not apply to this case
+            found = _NoOutput(str(e))
+        if memo is not None:
+            memo[key] = found
+    if isinstance(found, _NoOutput):
+        raise found
+    return found
 
 
 def expected(case: Any) -> Any:
     """The reference's output on `case`, for the judge that is running (its `reference=`)."""
-    check = _JUDGING.get()
+    check, memo = _JUDGING.get()
     if check is None or check.reference is None:
         raise RuntimeError("expected() is for the judge of a check declared with reference=")
-    return output(check, check.reference, case)
+    return output(check, check.reference, case, memo)
 
 
 def named_mistake(case: Any, got: Any) -> None:
     """Fail with the first declared mistake that `got` is on this case: equal to its variant's
     output where that output differs from the reference's. Nothing when none is."""
-    check = _JUDGING.get()
+    check, memo = _JUDGING.get()
     if check is None or not check.mistakes:
         return
     try:
-        want = output(check, check.reference, case)
+        want = output(check, check.reference, case, memo)
     except _NoOutput:
         return
+    try:  # the right answer (to the tightest tolerance declared) is no mistake: run no variant
+        if same(got, want, min(m.atol for m in check.mistakes),
+                min(m.rtol for m in check.mistakes)):
+            return
+    except (TypeError, ValueError):
+        pass
     for mistake in check.mistakes:
+        if mistake.when is not None and not mistake.when(case):
+            continue
         try:
-            wrong = output(check, mistake.variant, case)
+            wrong = output(check, mistake.variant, case, memo)
         except _NoOutput:
             continue
         pick = mistake.on or (lambda out: out)

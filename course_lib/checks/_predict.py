@@ -31,9 +31,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from course_lib.checks import _protocol
+from course_lib.checks._check import Check
 from course_lib.checks._core import CheckFailure, fail
-from course_lib.checks._protocol import Check, _declared, each
+from course_lib.checks._declare import _declared
+from course_lib.checks._judging import each
+from course_lib.checks._registry import get
 
 _RECORDS: dict[str, dict] = {}      # check id -> {"value": plain value, "at": execution count}
 COMMITTING: dict[str, dict] = {}    # check id -> {"reveals": grade ids, "kind": commit/choice}
@@ -99,7 +101,8 @@ def commit(check_id: str, value: Any, read: Callable[[Any], Any]) -> dict:
 
 
 def announce(check: Check, outcomes: list) -> None:
-    """In a notebook (`Check.__call__`): print the record line of a committing check."""
+    """A committing check's `announce` (`Check.__call__`, in a notebook): print its record
+    line before the judgement."""
     outcome = outcomes[0] if outcomes else None
     if isinstance(outcome, dict) and isinstance(outcome.get("ok"), dict):
         rec = outcome["ok"]
@@ -137,7 +140,7 @@ def _committing(decl: dict, read: Callable[[Any], Any], judged: Callable[[Any], 
         return judged(read(_committed_value(got)))
 
     judge.__name__ = name
-    check = Check(cases=_cases, run=run, judge=judge, **decl)
+    check = Check(cases=_cases, run=run, judge=judge, announce=announce, **decl)
     COMMITTING[check.id] = info
     return check
 
@@ -226,7 +229,7 @@ def choice_texts(check_id: str, letters: str) -> tuple[dict[str, str], str]:
 
 def commit_info(check_id: str) -> dict | None:
     """What the grader needs to know of a committing check (None for any other check)."""
-    _protocol.get(check_id)  # imports its chapter module
+    get(check_id)  # imports its chapter module
     return COMMITTING.get(check_id)
 
 

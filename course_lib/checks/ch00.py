@@ -8,8 +8,11 @@ import numpy as np
 import torch
 import torch.nn.functional
 
-from course_lib.checks._core import expect_close, fail, to_tensor
-from course_lib.checks._protocol import each, function_check, hint
+from course_lib.checks._core import expect_close, to_tensor
+from course_lib.checks._declare import function_check
+from course_lib.checks._hints import hint
+from course_lib.checks._judging import each
+from course_lib.checks._mistakes import Mistake, expected, named_mistake
 
 __all__ = ["normalise", "hint"]
 
@@ -23,15 +26,20 @@ def _normalise_cases(seed: int, hidden: bool) -> list:
     return cases + ([rng.integers(0, 99, size=40).astype(float)] if hidden else [])
 
 
-@function_check(1, cases=_normalise_cases, forbid=((torch.nn.functional, "normalize"),))
+def _shares(counts):
+    return counts / counts.sum()
+
+
+@function_check(1, cases=_normalise_cases, forbid=((torch.nn.functional, "normalize"),),
+                reference=_shares, mistakes=(
+    Mistake("your frequencies sum to {total:.3g}, not 1: you divided by the largest count. "
+            "Divide by the total.", lambda counts: counts / counts.max(), atol=1e-8, rtol=1e-5,
+            detail=lambda counts, got: {"total": float(got.sum())}),
+))
 def normalise(cases: list, outcomes: list) -> str:
     for counts, got in each(cases, outcomes):
-        want = torch.as_tensor(counts / counts.sum())
         t = to_tensor(got, "normalise(counts)", dtype=torch.float64)
-        if t.shape == want.shape and counts.size > 1 and \
-                torch.allclose(t, torch.as_tensor(counts / counts.max())):
-            fail(f"your frequencies sum to {float(t.sum()):.3g}, not 1: you divided by the "
-                 "largest count. Divide by the total.")
-        expect_close(t, want, "normalise(counts)", atol=1e-12,
+        named_mistake(counts, t)
+        expect_close(t, expected(counts), "normalise(counts)", atol=1e-12,
                      hint="Each frequency is its count's share of the total.")
     return "normalise: every count's share of the total; they sum to 1."

@@ -11,8 +11,11 @@ import torch
 
 import course_lib.lookup as lookup
 from course_lib.checks._core import expect_close, expect_pair, expect_shape, fail, to_tensor
+from course_lib.checks._declare import function_check
+from course_lib.checks._hints import hint
+from course_lib.checks._judging import each
+from course_lib.checks._mistakes import Mistake, expected, named_mistake
 from course_lib.checks._predict import choice_check, commit_check
-from course_lib.checks._protocol import each, function_check, hint
 from course_lib.checks._routes import ATTENTION, SOFTMAX
 from course_lib.checks._values import read_numbers
 
@@ -40,25 +43,26 @@ def _distance_scores(query: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return -((keys - query) ** 2).sum(axis=-1)
 
 
-@function_check(1, args=("query", "keys"), grade="scores", cases=_scores_cases)
+@function_check(1, args=("query", "keys"), grade="scores", cases=_scores_cases,
+                reference=_distance_scores, mistakes=(
+    Mistake("your scores are the squared distances themselves: a NEAR key must get the HIGHER "
+            "score, so the score is minus the squared distance.",
+            lambda query, keys: -_distance_scores(query, keys), atol=1e-8, rtol=1e-5),
+    Mistake("your scores are minus the distance; the exercise asks for minus the SQUARED "
+            "distance (no square root).",
+            lambda query, keys: -np.sqrt(-_distance_scores(query, keys)), atol=1e-8, rtol=1e-5),
+    Mistake("those are dot products, chapter 01's scores; this exercise scores a key by how "
+            "close it lies to the query: minus the squared distance.",
+            lambda query, keys: keys @ query, atol=1e-8, rtol=1e-5),
+))
 def similarity_scores(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        query, keys = case["query"], case["keys"]
-        (n, d), want = keys.shape, torch.as_tensor(_distance_scores(query, keys))
+        (n, d), want = case["keys"].shape, expected(case)
         t = to_tensor(got, "similarity_scores(query, keys)", dtype=torch.float64)
         if t.shape != want.shape and t.numel() in (n * n, d) and n != d:
             fail(f"similarity_scores returned shape {tuple(t.shape)} for {n} keys of size {d}; "
                  f"expected one score per key, shape ({n},).")
-        if t.shape == want.shape and n > 1:
-            if torch.allclose(t, -want):
-                fail("your scores are the squared distances themselves: a NEAR key must get the "
-                     "HIGHER score, so the score is minus the squared distance.")
-            if torch.allclose(t, -(-want).sqrt()):
-                fail("your scores are minus the distance; the exercise asks for minus the "
-                     "SQUARED distance (no square root).")
-            if torch.allclose(t, torch.as_tensor(keys @ query)):
-                fail("those are dot products, chapter 01's scores; this exercise scores a key by "
-                     "how close it lies to the query: minus the squared distance.")
+        named_mistake(case, t)
         expect_close(t, want, "similarity_scores(query, keys)", atol=1e-8, rtol=1e-6,
                      hint="Key j's score is -(sum over m of (keys[j, m] - query[m])²).")
     return "similarity_scores: minus the squared distance to every key, shape (n,)."
@@ -84,16 +88,20 @@ def _log_softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
 
 
 @function_check(2, args=("scores", "temperature"), grade="softmax", cases=_softmax_cases,
-                forbid=(*SOFTMAX, (torch, "logsumexp"), (torch.Tensor, "logsumexp")))
+                forbid=(*SOFTMAX, (torch, "logsumexp"), (torch.Tensor, "logsumexp")),
+                reference=_log_softmax, mistakes=(
+    Mistake("you returned the weights themselves; the exercise asks for their logs (each one "
+            "<= 0, and exp of them sums to 1).",
+            lambda scores, temperature: np.exp(_log_softmax(scores, temperature)), atol=1e-9,
+            rtol=1e-5),
+))
 def log_softmax_weights(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        scores, temperature = case["scores"], case["temperature"]
-        want = torch.as_tensor(_log_softmax(scores, temperature))
+        scores = case["scores"]
+        want = expected(case)
         t = to_tensor(got, "log_softmax_weights(scores, temperature)", dtype=torch.float64)
+        named_mistake(case, t)
         if t.shape == want.shape and scores.size > 1:
-            if torch.isfinite(t).all() and torch.allclose(t, want.exp(), atol=1e-9):
-                fail("you returned the weights themselves; the exercise asks for their logs "
-                     "(each one <= 0, and exp of them sums to 1).")
             if bool(torch.isneginf(t).any()) and bool(torch.isfinite(want).all()):
                 fail(f"log_softmax_weights gives -inf for scores like {scores.tolist()}: a weight "
                      "that underflows to 0 has log -inf, though its log is an ordinary number. "
@@ -120,32 +128,42 @@ def _lookup_cases(seed: int, hidden: bool) -> list:
     return [dict(_problem(rng, n, d, d_v), temperature=t) for n, d, d_v, t in sizes]
 
 
-def _near_lookup(case: dict) -> tuple:
-    w = np.exp(_log_softmax(_distance_scores(case["query"], case["keys"]), case["temperature"]))
-    return w @ case["values"], w
+def _scored_lookup(scores: np.ndarray, values: np.ndarray, temperature: float) -> tuple:
+    w = np.exp(_log_softmax(scores, temperature))
+    return w @ values, w
+
+
+def _near_lookup(query, keys, values, temperature) -> tuple:
+    return _scored_lookup(_distance_scores(query, keys), values, temperature)
+
+
+def _weights(result):
+    return result[1]
 
 
 @function_check(3, args=("query", "keys", "values", "temperature"), cases=_lookup_cases,
-                forbid=ATTENTION)
+                forbid=ATTENTION, reference=_near_lookup, mistakes=(
+    Mistake("your weights come from dot products; this lookup scores keys by closeness: use "
+            "your similarity_scores.",
+            lambda query, keys, values, temperature: _scored_lookup(keys @ query, values,
+                                                                    temperature),
+            atol=1e-8, rtol=1e-5, on=_weights),
+))
 def soft_lookup(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
-        want_value, want_weights = _near_lookup(case)
+        want_value, want_weights = expected(case)
         blended, weights = expect_pair(result, "soft_lookup", "(value, weights)")
         w = to_tensor(weights, "the weights", dtype=torch.float64)
         if w.shape == want_weights.shape and bool((w <= 0).all()) and w.numel() > 1:
             fail("your weights are all <= 0: those are log-weights. Turn them into weights "
                  "(exp) before you blend the values.")
-        dot = lookup.soft_lookup(case["query"], case["keys"], case["values"],
-                                 case["temperature"])[1]
-        if w.shape == want_weights.shape and torch.allclose(w, torch.as_tensor(dot)) and \
-                not np.allclose(dot, want_weights):
-            fail("your weights come from dot products; this lookup scores keys by closeness: "
-                 "use your similarity_scores.")
-        expect_close(w, torch.as_tensor(want_weights), "the weights", atol=1e-9, rtol=1e-7,
+        named_mistake(case, (blended, w))
+        expect_close(w, want_weights, "the weights", atol=1e-9, rtol=1e-7,
                      hint="One weight per key: the softmax of the distance scores, with the "
                           "temperature.")
-        expect_close(blended, torch.as_tensor(want_value), "the blended value", atol=1e-9,
-                     rtol=1e-7, hint="The value is the weighted sum of the rows of values.")
+        expect_close(blended, torch.as_tensor(want_value, dtype=torch.float64),
+                     "the blended value", atol=1e-9, rtol=1e-7,
+                     hint="The value is the weighted sum of the rows of values.")
     return "soft_lookup: weights from closeness, blended values, for scalar and vector values."
 
 
@@ -229,27 +247,30 @@ def _many_softmax(scores: np.ndarray, axis: int) -> np.ndarray:
     return e / e.sum(axis=axis, keepdims=True)
 
 
+def _many_lookup(queries, keys, values, temperature, axis: int = 1) -> tuple:
+    """The lookup of every query, its softmax over `axis` (1, the keys; 0 is the planted bug's
+    softmax over the queries: its shift by the max of the whole matrix cancels in a column)."""
+    w = _many_softmax(queries @ keys.T / temperature, axis=axis)
+    return w @ values, w
+
+
 @function_check(6, args=("queries", "keys", "values", "temperature"), cases=_many_cases,
-                forbid=ATTENTION)
+                forbid=ATTENTION, reference=_many_lookup, mistakes=(
+    Mistake("still normalising over the queries: each COLUMN of your weights sums to 1 (the sum "
+            "ran over axis 0, the queries). Each query's ROW must sum to 1: its weights are "
+            "spread over the keys.", partial(_many_lookup, axis=0), atol=1e-8, rtol=1e-5,
+            on=_weights),
+))
 def lookup_many(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
-        queries, keys, values = case["queries"], case["keys"], case["values"]
-        scores = queries @ keys.T / case["temperature"]
-        (m, n), want = scores.shape, _many_softmax(scores, axis=1)
+        want_blended, want = expected(case)
+        m, n = want.shape
         blended, weights = expect_pair(result, "lookup_many", "(blended, weights)")
         w = to_tensor(weights, "the weights of lookup_many", dtype=torch.float64)
         expect_shape(w, (m, n), "the weights of lookup_many", "One row per query, one column per "
                      "key.")
-        if m > 1 and torch.allclose(w, torch.as_tensor(_many_softmax(scores, axis=0))):
-            fail("still normalising over the queries: each COLUMN of your weights sums to 1 "
-                 "(the sum ran over axis 0, the queries). Each query's ROW must sum to 1: its "
-                 "weights are spread over the keys.")
-        e = np.exp(scores - scores.max(axis=1, keepdims=True))
-        if m == n and torch.allclose(w, torch.as_tensor(e / e.sum(axis=1))):
-            fail("your row sums broadcast along the wrong axis: a sum over axis 1 has shape "
-                 "(m,), which divides COLUMN j by row j's sum. Keep the summed axis "
-                 "(keepdims=True) so each row is divided by its own sum.")
-        if not bool(torch.isfinite(w).all()) and bool(np.isfinite(want).all()):
+        named_mistake(case, (blended, w))
+        if not bool(torch.isfinite(w).all()) and bool(torch.isfinite(want).all()):
             fail("some rows of your weights are NaN when the queries differ in scale (one query "
                  "a thousand times longer than another): every row was shifted by the largest "
                  "score of the WHOLE matrix, so a row far below it underflows to 0 / 0. Shift "
@@ -258,8 +279,8 @@ def lookup_many(cases: list, outcomes: list) -> str:
         if bool(torch.isfinite(rows).all()) and not torch.allclose(rows, torch.ones_like(rows)):
             fail(f"the rows of your weights sum to {rows.numpy().round(3).tolist()}, not 1: "
                  "each query's weights over the keys must sum to 1.")
-        expect_close(w, torch.as_tensor(want), "the weights of lookup_many", atol=1e-9, rtol=1e-7)
-        expect_close(blended, torch.as_tensor(want @ values), "the blended values of lookup_many",
+        expect_close(w, want, "the weights of lookup_many", atol=1e-9, rtol=1e-7)
+        expect_close(blended, want_blended, "the blended values of lookup_many",
                      atol=1e-9, rtol=1e-7, hint="Each query blends the rows of values with its "
                      "own weights.")
     return ("lookup_many: every query's weights sum to 1 over the keys, each row shifted by its "

@@ -10,9 +10,12 @@ import torch
 from course_lib.attention import scaled_dot_product_attention as _reference_attention
 from course_lib.attention import softmax as _reference_softmax
 from course_lib.checks._cases import generator, randn
-from course_lib.checks._core import expect_close, expect_pair, fail, matches, to_tensor
+from course_lib.checks._core import expect_close, expect_pair, fail, to_tensor
+from course_lib.checks._declare import function_check, value_check
+from course_lib.checks._hints import hint
+from course_lib.checks._judging import each
+from course_lib.checks._mistakes import Mistake, expected, named_mistake
 from course_lib.checks._predict import choice_check, commit_check
-from course_lib.checks._protocol import each, function_check, hint, value_check
 from course_lib.checks._routes import ATTENTION, SOFTMAX
 from course_lib.checks._values import read_choice, read_numbers
 
@@ -22,9 +25,6 @@ __all__ = ["attention_scores", "softmax_rows", "self_attention", "batched_attent
 SOLUTION = "solutions/02_queries_keys_values.ipynb"
 # the references an attention answer must not call
 _SDPA = ATTENTION
-
-
-_close = partial(matches, atol=1e-6, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- exercise 1
@@ -37,22 +37,28 @@ def _scores_cases(seed: int, hidden: bool) -> list:
     return [{"q": randn(g, *q), "k": randn(g, *k)} for q, k in shapes]
 
 
-@function_check(1, args=("q", "k"), grade="scores", cases=_scores_cases)
+def _scores(q: torch.Tensor, k: torch.Tensor, divide_by: float | None = None) -> torch.Tensor:
+    """q kᵀ divided by `divide_by` (None: sqrt(d_k), the right scores)."""
+    return q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if divide_by is None else divide_by)
+
+
+@function_check(1, args=("q", "k"), grade="scores", cases=_scores_cases, reference=_scores,
+                mistakes=(
+    Mistake("your scores are the raw dot products q·k: divide them by sqrt(d_k), the width of a "
+            "key.", partial(_scores, divide_by=1.0), atol=1e-6, rtol=1e-5),
+    Mistake("your scores are divided by d_k; divide by sqrt(d_k) instead.",
+            lambda q, k: _scores(q, k, divide_by=q.shape[-1]), atol=1e-6, rtol=1e-5),
+))
 def attention_scores(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         q, k = case["q"], case["k"]
         t = to_tensor(got, "attention_scores(q, k)", dtype=torch.float64)
-        raw = q @ k.transpose(-2, -1)
-        want = raw / math.sqrt(q.shape[-1])
+        want = expected(case)
         n_q, n_k = q.shape[-2], k.shape[-2]
         if n_q != n_k and t.shape[-2:] == (n_k, n_q):
             fail(f"attention_scores returned shape {tuple(t.shape)} for {n_q} queries and {n_k} "
                  f"keys; expected {tuple(want.shape)}: one row per query, one column per key.")
-        if q.shape[-1] > 1 and _close(t, raw):
-            fail("your scores are the raw dot products q·k: divide them by sqrt(d_k), the "
-                 "width of a key.")
-        if q.shape[-1] > 1 and _close(t, raw / q.shape[-1]):
-            fail("your scores are divided by d_k; divide by sqrt(d_k) instead.")
+        named_mistake(case, t)
         expect_close(t, want, "attention_scores(q, k)", atol=1e-6, rtol=1e-5,
                      hint="score[..., i, j] = q[..., i, :] · k[..., j, :] / sqrt(d_k), with the "
                           "leading batch/head dims kept.")
@@ -115,27 +121,41 @@ def _attention_cases(seed: int, hidden: bool) -> list:
 
 
 def _answer(case: dict, result, name: str, weights: str) -> tuple:
-    """q, k, v of one case, the learner's (out, weights) and the reference's (out, weights)."""
-    x = case["x"]
+    """The learner's (out, weights) of one case, and the reference's (out, weights)."""
     out, w = expect_pair(result, name, "(out, weights)")
-    q, k, v = x @ case["w_q"], x @ case["w_k"], x @ case["w_v"]
-    return (q, k, v), out, to_tensor(w, weights, dtype=torch.float64), _reference_attention(q, k, v)
+    return out, to_tensor(w, weights, dtype=torch.float64), expected(case)
 
 
-@function_check(3, args=("x", "w_q", "w_k", "w_v"), cases=_attention_cases, forbid=_SDPA)
+def _attention(x, w_q, w_k, w_v, divide_by: float | None = None, dim: int = -1,
+               transposed: bool = False) -> tuple:
+    """Self-attention of x (the right answer by default): its scores divided by `divide_by`
+    (None: sqrt(d_k)), the softmax over axis `dim` (-1, the keys), the weights `transposed`."""
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    w = torch.softmax(_scores(q, k, divide_by), dim=dim)
+    w = w.transpose(-2, -1) if transposed else w
+    return w @ v, w
+
+
+def _weights(result):
+    return result[1]
+
+
+def _d_k(case, got) -> dict:
+    return {"d_k": case["w_k"].shape[-1]}
+
+
+@function_check(3, args=("x", "w_q", "w_k", "w_v"), cases=_attention_cases, forbid=_SDPA,
+                reference=_attention, mistakes=(
+    Mistake("your weights are softmax(q kᵀ) without the 1/sqrt(d_k): divide the scores by "
+            "sqrt(d_k) = sqrt({d_k}) before the softmax.", partial(_attention, divide_by=1.0),
+            atol=1e-6, rtol=1e-5, on=_weights, detail=_d_k),
+    Mistake("your weights are transposed: row i should hold query i's weights over the keys.",
+            partial(_attention, transposed=True), atol=1e-6, rtol=1e-5, on=_weights),
+))
 def self_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
-        (q, k, v), out, w, (want_out, want_weights) = _answer(case, result, "self_attention",
-                                                              "the weights")
-        if w.shape == want_weights.shape:
-            _, unscaled = _reference_attention(q, k, v, scale=1.0)
-            if _close(w, unscaled) and not _close(unscaled, want_weights):
-                fail("your weights are softmax(q kᵀ) without the 1/sqrt(d_k): divide the scores "
-                     f"by sqrt(d_k) = sqrt({q.shape[-1]}) before the softmax.")
-            transposed = want_weights.transpose(-2, -1)
-            if _close(w, transposed) and not _close(transposed, want_weights):
-                fail("your weights are transposed: row i should hold query i's weights over the "
-                     "keys.")
+        out, w, (want_out, want_weights) = _answer(case, result, "self_attention", "the weights")
+        named_mistake(case, (out, w))
         expect_close(w, want_weights, "the weights", atol=1e-6, rtol=1e-5,
                      hint="weights = softmax(q kᵀ / sqrt(d_k)) over the last axis, with "
                           "q = x w_q and k = x w_k.")
@@ -146,8 +166,9 @@ def self_attention(cases: list, outcomes: list) -> str:
 
 # ---------------------------------------------------------------- exercise 4 (debug)
 
-def _reshaped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+def _reshaped(x, w_q, w_k, w_v) -> tuple:
     """The planted bug: K reshaped to (..., d_k, n) instead of transposed."""
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
     *batch, n, d_k = k.shape
     w = torch.softmax(q @ k.reshape(*batch, d_k, n) / math.sqrt(d_k), dim=-1)
     return w @ v, w
@@ -162,24 +183,23 @@ def _batched_cases(seed: int, hidden: bool) -> list:
 
 
 @function_check(4, args=("x", "w_q", "w_k", "w_v"), grade="batched", cases=_batched_cases,
-                forbid=_SDPA)
+                forbid=_SDPA, reference=_attention, mistakes=(
+    Mistake("still reshaping K: k.reshape(b, d_k, n) has the right shape but not the right "
+            "numbers (it refills the same memory row by row, so entries of different keys end "
+            "up in one column). Swap the last two axes instead.", _reshaped, atol=1e-6,
+            rtol=1e-5, on=_weights),
+    Mistake("each COLUMN of your weights sums to 1: the softmax ran over the queries (dim=-2 / "
+            "dim=1). Each query's row must sum to 1 over the keys: dim=-1.",
+            partial(_attention, dim=-2), atol=1e-6, rtol=1e-5, on=_weights),
+    Mistake("the fix lost the 1/sqrt(d_k): the scores must still be divided by sqrt(d_k) = "
+            "sqrt({d_k}).", partial(_attention, divide_by=1.0), atol=1e-6, rtol=1e-5, on=_weights,
+            detail=_d_k),
+))
 def batched_attention(cases: list, outcomes: list) -> str:
     for case, result in each(cases, outcomes):
-        (q, k, v), out, w, (want_out, want_weights) = _answer(
-            case, result, "batched_attention", "the weights of batched_attention")
-        if w.shape == want_weights.shape and k.shape[-2] > 1:
-            if _close(w, _reshaped(q, k, v)[1]):
-                fail("still reshaping K: k.reshape(b, d_k, n) has the right shape but not the "
-                     "right numbers (it refills the same memory row by row, so entries of "
-                     "different keys end up in one column). Swap the last two axes instead.")
-            scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])
-            if _close(w, torch.softmax(scores, dim=-2)):
-                fail("each COLUMN of your weights sums to 1: the softmax ran over the queries "
-                     "(dim=-2 / dim=1). Each query's row must sum to 1 over the keys: dim=-1.")
-            _, unscaled = _reference_attention(q, k, v, scale=1.0)
-            if _close(w, unscaled):
-                fail("the fix lost the 1/sqrt(d_k): the scores must still be divided by "
-                     f"sqrt(d_k) = sqrt({k.shape[-1]}).")
+        out, w, (want_out, want_weights) = _answer(case, result, "batched_attention",
+                                                   "the weights of batched_attention")
+        named_mistake(case, (out, w))
         expect_close(w, want_weights, "the weights of batched_attention", atol=1e-6, rtol=1e-5,
                      hint="Row i of each example's weights is query i's softmax over its keys.")
         expect_close(out, want_out, "the output of batched_attention", atol=1e-6, rtol=1e-5,

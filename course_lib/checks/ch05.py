@@ -13,8 +13,11 @@ import torch.nn.functional as F
 import course_lib.multihead as multihead
 from course_lib.checks._cases import generator, randn
 from course_lib.checks._core import expect_close, expect_pair, expect_shape, fail, to_tensor
+from course_lib.checks._declare import function_check
+from course_lib.checks._hints import hint
+from course_lib.checks._judging import each
+from course_lib.checks._mistakes import Mistake, expected, named_mistake
 from course_lib.checks._predict import choice_check, commit_check
-from course_lib.checks._protocol import each, function_check, hint
 from course_lib.checks._values import read_number
 
 __all__ = ["split_heads", "merge_heads", "multi_head_attention", "flop_growth", "flop_why",
@@ -33,13 +36,26 @@ def _ref_merge(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, n, h * dh)
 
 
-def _ref_mha(x, w_q, w_k, w_v, w_o, num_heads, mask=None):
+def _ref_mha(x, w_q, w_k, w_v, w_o, num_heads, mask=None, scale=None, mix=True):
+    """(out, weights) of multi-head attention, each head's scores divided by `scale` (None:
+    sqrt(d_head), the right one) and the merged heads mixed by w_o (unless not `mix`)."""
     q, k, v = (_ref_split(x @ w, num_heads) for w in (w_q, w_k, w_v))  # (B, h, n, d/h)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale is None else scale)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    return _ref_merge(weights @ v) @ w_o, weights
+    merged = _ref_merge(weights @ v)
+    return (merged @ w_o if mix else merged), weights
+
+
+def _one_head(x, w_q, w_k, w_v, w_o, num_heads, mask=None):
+    """One full-width head's attention, its weights handed back as those of every head."""
+    out, weights = _ref_mha(x, w_q, w_k, w_v, w_o, 1, mask)
+    return out, weights.expand(-1, num_heads, -1, -1)
+
+
+def _weights(result):
+    return result[1]
 
 
 # ---------------------------------------------------------------- exercise 1
@@ -52,11 +68,17 @@ def _split_cases(seed: int, hidden: bool) -> list:
 
 
 @function_check(1, args=("x", "num_heads"), cases=_split_cases,
-                forbid=((multihead, "split_heads"),))
+                forbid=((multihead, "split_heads"),), reference=_ref_split, mistakes=(
+    Mistake("your heads mix positions: reshaping straight to (batch, heads, n, d_head) cuts the "
+            "(n, d) block in the wrong place. Cut each position's features into heads first, "
+            "then move the head axis forward.",
+            lambda x, num_heads: x.reshape(x.shape[0], num_heads, x.shape[1], -1),
+            atol=1e-8, rtol=1e-5),
+))
 def split_heads(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         x, h = case["x"], case["num_heads"]
-        want = _ref_split(x, h)
+        want = expected(case)
         t = to_tensor(got, "split_heads(x, num_heads)", dtype=torch.float64)
         B, n, d = x.shape
         if t.shape == (B, n, h, d // h) and n != h:
@@ -64,10 +86,7 @@ def split_heads(cases: list, outcomes: list) -> str:
                  "head axis must come before the positions.")
         expect_shape(t, want.shape, "split_heads(x, num_heads)",
                      hint="wanted (batch, heads, n, d // heads).")
-        if n > 1 and h > 1 and torch.allclose(t, x.reshape(B, h, n, d // h)):
-            fail("your heads mix positions: reshaping straight to (batch, heads, n, d_head) cuts "
-                 "the (n, d) block in the wrong place. Cut each position's features into heads "
-                 "first, then move the head axis forward.")
+        named_mistake(case, t)
         expect_close(t, want, "split_heads(x, num_heads)", atol=1e-12,
                      hint="head i must hold features i*d_head .. (i+1)*d_head - 1 of every "
                           "position.")
@@ -83,17 +102,19 @@ def _merge_cases(seed: int, hidden: bool) -> list:
     return [randn(g, *shape) for shape in shapes]
 
 
-@function_check(2, cases=_merge_cases, forbid=((multihead, "merge_heads"),))
+@function_check(2, cases=_merge_cases, forbid=((multihead, "merge_heads"),),
+                reference=_ref_merge, mistakes=(
+    Mistake("still the planted bug: merge_heads reshapes without moving the head axis back, so "
+            "positions get mixed up (the shape is right, the numbers are not). Put the positions "
+            "before the heads first, then flatten the heads.",
+            lambda x: x.reshape(x.shape[0], x.shape[2], -1), atol=1e-8, rtol=1e-5),
+))
 def merge_heads(cases: list, outcomes: list) -> str:
     for x, got in each(cases, outcomes):
-        want = _ref_merge(x)
+        want = expected(x)
         t = to_tensor(got, "merge_heads(x)", dtype=torch.float64)
         expect_shape(t, want.shape, "merge_heads(x)", hint="wanted (batch, n, heads * d_head).")
-        B, h, n, dh = x.shape
-        if n > 1 and h > 1 and torch.allclose(t, x.reshape(B, n, h * dh)):
-            fail("still the planted bug: merge_heads reshapes without moving the head axis back, "
-                 "so positions get mixed up (the shape is right, the numbers are not). Put the "
-                 "positions before the heads first, then flatten the heads.")
+        named_mistake(x, t)
         expect_close(t, want, "merge_heads(x)", atol=1e-12,
                      hint="position j's output must be [head 0's j-th row, head 1's j-th row, "
                           "...].")
@@ -116,36 +137,34 @@ def _mha_cases(seed: int, hidden: bool) -> list:
     return cases
 
 
+# The weights' mistakes compare the weights only; the missing mix, the whole (out, weights),
+# so it is named only on weights that are right.
 @function_check(3, grade="mha", args=("x", "w_q", "w_k", "w_v", "w_o", "num_heads", "mask"),
                 cases=_mha_cases, forbid=((multihead.MultiHeadAttention, "forward"),
-                                          (F, "multi_head_attention_forward")))
+                                          (F, "multi_head_attention_forward")),
+                reference=_ref_mha, mistakes=(
+    Mistake("every head has the same weights as one full-width head: split q, k and v into "
+            "heads BEFORE the scores, so each head compares only its own slice.",
+            _one_head, atol=1e-6, rtol=1e-5, on=_weights),
+    Mistake("the weights use the wrong scale: divide each head's scores by sqrt(d_head) = "
+            "sqrt(d_model / num_heads).",
+            lambda x, *rest: _ref_mha(x, *rest, scale=math.sqrt(x.shape[-1])),
+            atol=1e-6, rtol=1e-5, on=_weights),
+    Mistake("the weights have no scale at all: divide each head's scores by sqrt(d_head).",
+            partial(_ref_mha, scale=1.0), atol=1e-6, rtol=1e-5, on=_weights),
+    Mistake("out is the merged heads without the final mix: multiply by w_o at the end.",
+            partial(_ref_mha, mix=False), atol=1e-6, rtol=1e-5),
+))
 def multi_head_attention(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        x, h, mask = case["x"], case["num_heads"], case["mask"]
-        ws = [case[k] for k in ("w_q", "w_k", "w_v", "w_o")]
-        d = x.shape[-1]
-        want_out, want_w = _ref_mha(x, *ws, h, mask)
+        mask = case["mask"]
+        want_out, want_w = expected(case)
         expect_pair(got, "multi_head_attention", "(out, weights)")
         out = to_tensor(got[0], "out", dtype=torch.float64)
         w = to_tensor(got[1], "weights", dtype=torch.float64)
         expect_shape(w, want_w.shape, "weights", hint="wanted (batch, heads, n, n): one grid per "
                      "head.")
-        if h > 1 and x.shape[1] > 1:
-            _, one_head_w = _ref_mha(x, *ws, 1, mask)
-            if torch.allclose(w, one_head_w.expand_as(w), atol=1e-6):
-                fail("every head has the same weights as one full-width head: split q, k and v "
-                     "into heads BEFORE the scores, so each head compares only its own slice.")
-            scores_full = _ref_split(x @ ws[0], h) @ _ref_split(x @ ws[1], h).transpose(-2, -1)
-            for wrong_scale in (math.sqrt(d), 1.0):
-                s = scores_full / wrong_scale
-                if mask is not None:
-                    s = s.masked_fill(~mask, float("-inf"))
-                if torch.allclose(w, torch.softmax(s, dim=-1), atol=1e-6) and \
-                        not torch.allclose(want_w, torch.softmax(s, dim=-1), atol=1e-6):
-                    fail("the weights use the wrong scale: divide each head's scores by "
-                         "sqrt(d_head) = sqrt(d_model / num_heads)." if wrong_scale != 1.0 else
-                         "the weights have no scale at all: divide each head's scores by "
-                         "sqrt(d_head).")
+        named_mistake(case, (out, w))
         if mask is not None and (w.masked_select(~mask.expand_as(w)).abs() > 1e-12).any():
             fail("some weights are non-zero where the mask is False: block those scores before "
                  "the softmax.")
@@ -153,9 +172,6 @@ def multi_head_attention(cases: list, outcomes: list) -> str:
                      hint="weights = softmax(q kᵀ / sqrt(d_head)) per head, over the key axis.")
         expect_shape(out, want_out.shape, "out", hint="wanted (batch, n, d_model): merge the "
                      "heads back.")
-        merged = _ref_merge(want_w @ _ref_split(x @ ws[2], h))
-        if torch.allclose(out, merged, atol=1e-6) and not torch.allclose(merged, want_out):
-            fail("out is the merged heads without the final mix: multiply by w_o at the end.")
         expect_close(out, want_out, "out", atol=1e-6, hint="out = merge_heads(weights @ v) @ w_o.")
     return "multi_head_attention: split, attend per head with sqrt(d_head), merge, mix with w_o."
 
@@ -210,32 +226,38 @@ def _prev_cases(seed: int, hidden: bool) -> list:
     return cases + [{"weights": _perfect_head(4), "perfect": True}]
 
 
-@function_check(5, args=("weights",), grade="prev_score", cases=_prev_cases)
+def _diagonal_score(weights: torch.Tensor, offset: int = -1, query_0: bool = False):
+    """Each head's mean weight on the diagonal `offset` of its (n, n) grid, over the batch and
+    the queries that have one (-1: the previous token); `query_0`: query 0 counted too, as 0."""
+    diagonal = torch.diagonal(weights, offset=offset, dim1=-2, dim2=-1)
+    if query_0:
+        diagonal = torch.cat([torch.zeros(*weights.shape[:2], 1, dtype=weights.dtype), diagonal],
+                             dim=-1)
+    return diagonal.mean(dim=(0, 2))
+
+
+@function_check(5, args=("weights",), grade="prev_score", cases=_prev_cases,
+                reference=_diagonal_score, mistakes=(
+    Mistake("your score reads the diagonal (each query on itself); the previous token is one "
+            "step to the left of it.", partial(_diagonal_score, offset=0), atol=1e-8, rtol=1e-5),
+    Mistake("you averaged over all n queries, but query 0 has no previous token: average over "
+            "the n - 1 queries 1..n-1 only.", partial(_diagonal_score, query_0=True),
+            atol=1e-8, rtol=1e-5),
+))
 def previous_token_score(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        w = case["weights"]
-        B, h, n, _ = w.shape
+        h = case["weights"].shape[1]
         t = to_tensor(got, "previous_token_score(weights)", dtype=torch.float64)
         if case["perfect"]:
             if t.numel() != 1 or not math.isclose(float(t.reshape(-1)[0]), 1.0, abs_tol=1e-9):
                 fail("a head that always looks exactly one step back should score 1.0.")
             continue
-        want = torch.diagonal(w, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
+        want = expected(case)
         if t.numel() == 1 and h > 1:
             fail("previous_token_score returned one number; wanted one score per head, shape "
                  "(heads,): average over the batch and the query positions only.")
         expect_shape(t, (h,), "previous_token_score(weights)", hint="one score per head.")
-        diag = torch.diagonal(w, offset=0, dim1=-2, dim2=-1).mean(dim=(0, 2))
-        if torch.allclose(t, diag):
-            fail("your score reads the diagonal (each query on itself); the previous token is one "
-                 "step to the left of it.")
-        if n > 1:
-            with_first = torch.cat([torch.zeros(B, h, 1, dtype=w.dtype),
-                                    torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)],
-                                   dim=-1).mean(dim=(0, 2))
-            if torch.allclose(t, with_first):
-                fail("you averaged over all n queries, but query 0 has no previous token: "
-                     "average over the n - 1 queries 1..n-1 only.")
+        named_mistake(case, t)
         expect_close(t, want, "previous_token_score(weights)", atol=1e-9,
                      hint="mean over batch and queries i >= 1 of weights[b, head, i, i-1].")
     return "previous_token_score: mean weight on position i-1, one score per head."

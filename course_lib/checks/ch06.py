@@ -14,14 +14,24 @@ import torch.nn as nn
 import course_lib.recurrent as recurrent
 from course_lib.checks._cases import generator, randn
 from course_lib.checks._core import call, expect_close, expect_pair, expect_shape, fail, to_tensor
+from course_lib.checks._declare import function_check, value_check
+from course_lib.checks._hints import hint
+from course_lib.checks._judging import each, value
+from course_lib.checks._mistakes import Mistake, expected, named_mistake
 from course_lib.checks._predict import choice_check, commit_check
-from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_choice, read_number
 
 __all__ = ["rnn_step", "run_rnn", "gradient_vs_distance", "memory_numbers", "predicted_ratio",
            "ratio_why", "far_prediction", "rnn_far", "hint"]
 
 SOLUTION = "solutions/06_attention_vs_recurrence.ipynb"
+
+# What the grading kernel keeps of this module (course_tools/grader/strip.py; pinned by
+# tests/test_grading_stripped.py): what the checks' run= needs, and no answer to any
+# exercise. A new name here is a review.
+# Here: the gradient exercise measures the learner's function on an RNN the kernel must run
+# (`_model`, `_step`): the one RNN step of exercise 1 is in reach there (a known limit)
+KERNEL_HALF = ("_model", "_step", "_step_run")
 
 
 def _params(g: torch.Generator, d_in: int, d_h: int) -> dict:
@@ -69,39 +79,54 @@ def _rnn_cell(case: dict) -> torch.Tensor:
         return cell(case["x_t"], case["h"])
 
 
+def _kept_where_ended(new, h, alive=None):
+    """The step's new summaries, but h itself for the sequences that have ended (alive False)."""
+    return new if alive is None else torch.where(alive[:, None], new, h)
+
+
+def _rnn_step_ok(x_t, h, W_xh, W_hh, b, alive=None):
+    return _kept_where_ended(_step(x_t, h, W_xh, W_hh, b), h, alive)
+
+
 @function_check(1, run=_step_run, cases=_step_cases,
-                forbid=((recurrent, "rnn_step"), (nn.RNNCell, "forward")))
+                forbid=((recurrent, "rnn_step"), (nn.RNNCell, "forward")),
+                reference=_rnn_step_ok, mistakes=(
+    Mistake("rnn_step(..., alive) updated every sequence, the ended ones too: where alive is "
+            "False the summary must stay h, unchanged.",
+            lambda x_t, h, W_xh, W_hh, b, alive=None: _step(x_t, h, W_xh, W_hh, b),
+            atol=1e-8, rtol=1e-5),
+    Mistake("the ended sequences' summaries became 0: where alive is False the step must hand "
+            "back h itself, so the summary survives the padding.",
+            lambda x_t, h, W_xh, W_hh, b, alive=None: _kept_where_ended(
+                _step(x_t, h, W_xh, W_hh, b), torch.zeros_like(h), alive),
+            atol=1e-8, rtol=1e-5),
+    Mistake("rnn_step returns the sum before the non-linearity: squash it with tanh.",
+            lambda x_t, h, W_xh, W_hh, b, alive=None: _kept_where_ended(
+                x_t @ W_xh.T + h @ W_hh.T + b, h, alive),
+            atol=1e-8, rtol=1e-5),
+    Mistake("rnn_step leaves out the bias b: add it inside the tanh.",
+            lambda x_t, h, W_xh, W_hh, b, alive=None: _kept_where_ended(
+                torch.tanh(x_t @ W_xh.T + h @ W_hh.T), h, alive),
+            atol=1e-8, rtol=1e-5),
+    Mistake("rnn_step ignores the previous summary h: without it nothing is carried on.",
+            lambda x_t, h, W_xh, W_hh, b, alive=None: _kept_where_ended(
+                torch.tanh(x_t @ W_xh.T + b), h, alive),
+            atol=1e-8, rtol=1e-5),
+))
 def rnn_step(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        x_t, h, W_xh, W_hh, b = (case[k] for k in ("x_t", "h", "W_xh", "W_hh", "b"))
-        want = _rnn_cell(case) if "b_ih" in case else _step(x_t, h, W_xh, W_hh, b)
+        want = _rnn_cell(case) if "b_ih" in case else expected(case)
         what = "rnn_step vs torch.nn.RNNCell" if "b_ih" in case else "rnn_step(...)"
         t = to_tensor(got, what, dtype=torch.float64)
         if "alive" in case:
-            alive = case["alive"][:, None]
             expect_shape(t, want.shape, what, hint="wanted (batch, d_hidden).")
-            if torch.allclose(t, want):
-                fail("rnn_step(..., alive) updated every sequence, the ended ones too: where "
-                     "alive is False the summary must stay h, unchanged.")
-            if torch.allclose(t, torch.where(alive, want, torch.zeros_like(want))):
-                fail("the ended sequences' summaries became 0: where alive is False the step "
-                     "must hand back h itself, so the summary survives the padding.")
-            expect_close(t, torch.where(alive, want, h), what, atol=1e-9,
+            named_mistake(case, t)
+            expect_close(t, want, what, atol=1e-9,
                          hint="rows with alive True take the new summary, the others keep h.")
             continue
         expect_shape(t, want.shape, what, hint="wanted (batch, d_hidden): one new summary per "
                      "sequence.")
-        pre = x_t @ W_xh.T + h @ W_hh.T + b
-        if torch.allclose(t, pre):
-            fail("rnn_step returns the sum before the non-linearity: squash it with tanh.")
-        if torch.allclose(t, torch.tanh(x_t @ W_xh.T + h @ W_hh.T)):
-            fail("rnn_step leaves out the bias b: add it inside the tanh.")
-        if torch.allclose(t, torch.tanh(x_t @ W_xh.T + b)):
-            fail("rnn_step ignores the previous summary h: without it nothing is carried on.")
-        square = W_xh.shape[0] == W_xh.shape[1]
-        if square and torch.allclose(t, torch.tanh(x_t @ W_xh + h @ W_hh + b)):
-            fail("the weights are used untransposed: W_xh has shape (d_hidden, d_in), so the "
-                 "token must meet its transpose.")
+        named_mistake(case, t)
         expect_close(t, want, what, atol=1e-9,
                      hint="h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b).")
     return ("rnn_step: h_new = tanh(x_t W_xhᵀ + h W_hhᵀ + b), the same as torch.nn.RNNCell, and "
@@ -116,19 +141,34 @@ def _run_cases(seed: int, hidden: bool) -> list:
     return [dict(_params(g, d_in, d_h), x=randn(g, B, n, d_in)) for B, n, d_in, d_h in sizes]
 
 
+def _run_rnn_ok(x, W_xh, W_hh, b):
+    h = x.new_zeros(x.shape[0], W_hh.shape[0])
+    outs = []
+    for t in range(x.shape[1]):
+        h = _step(x[:, t], h, W_xh, W_hh, b)
+        outs.append(h)
+    return torch.stack(outs, dim=1), h
+
+
+def _run_rnn_given(x, W_xh, W_hh, b):
+    """The planted bug: each step starts from the zero state, the new summary never carried."""
+    h = x.new_zeros(x.shape[0], W_hh.shape[0])
+    outs = [_step(x[:, t], h, W_xh, W_hh, b) for t in range(x.shape[1])]
+    return torch.stack(outs, dim=1), outs[-1]
+
+
 @function_check(2, args=("x", "W_xh", "W_hh", "b"), cases=_run_cases,
-                forbid=((recurrent.RunningSummaryRNN, "forward"), (nn.RNN, "forward")))
+                forbid=((recurrent.RunningSummaryRNN, "forward"), (nn.RNN, "forward")),
+                reference=_run_rnn_ok, mistakes=(
+    Mistake("still the planted bug: every output ignores the previous state, so each summary is "
+            "the step applied to the zero state. Pass each step's new h on to the next step.",
+            _run_rnn_given, atol=1e-8, rtol=1e-5, on=lambda result: result[0]),
+))
 def run_rnn(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        x, W_xh, W_hh, b = (case[k] for k in ("x", "W_xh", "W_hh", "b"))
-        B, n, _ = x.shape
-        d_h = W_hh.shape[0]
-        h = torch.zeros(B, d_h, dtype=torch.float64)
-        outs = []
-        for t in range(n):
-            h = _step(x[:, t], h, W_xh, W_hh, b)
-            outs.append(h)
-        want_out, want_h = torch.stack(outs, dim=1), h
+        B, n, _ = case["x"].shape
+        d_h = case["W_hh"].shape[0]
+        want_out, want_h = expected(case)
         expect_pair(got, "run_rnn", "(outputs, h_last)")
         out = to_tensor(got[0], "outputs", dtype=torch.float64)
         h_last = to_tensor(got[1], "h_last", dtype=torch.float64)
@@ -139,10 +179,7 @@ def run_rnn(cases: list, outcomes: list) -> str:
                      hint="wanted (batch, n, d_hidden): one summary per position.")
         expect_shape(h_last, want_h.shape, "h_last",
                      hint="wanted (batch, d_hidden): the summary after the last token.")
-        if n > 1 and torch.allclose(out, torch.tanh(x @ W_xh.T + b)):
-            fail("still the planted bug: every output ignores the previous state, so each "
-                 "summary is the step applied to the zero state. Pass each step's new h on to "
-                 "the next step.")
+        named_mistake(case, (out, h_last))
         expect_close(out, want_out, "outputs", atol=1e-9,
                      hint="start from a zero summary; at each position update it with rnn_step "
                           "and keep every summary.")
@@ -185,29 +222,38 @@ def _model(case: dict):
     return attention_outputs
 
 
+def _jacobian_norms(f, x):
+    """The right answer: the norm of d out[0, -1] / d x[0, j] for every position j."""
+    J = torch.autograd.functional.jacobian(lambda t: f(t)[0, -1], x)  # (d_out, 1, n, d)
+    return J.pow(2).sum(dim=(0, 1, 3)).sqrt()
+
+
+def _sum_gradient_norms(f, x):
+    """The gradient of the SUM of the last output's coordinates, its norm at every position."""
+    x = x.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(f(x)[0, -1].sum(), x)
+    return g[0].norm(dim=-1)
+
+
 @function_check(3, grade="gradient",
                 run=lambda fn, case: call(fn, _model(case), case["x"], name="gradient_vs_distance"),
-                cases=_gradient_cases, forbid=((recurrent, "gradient_vs_distance"),))
+                cases=_gradient_cases, forbid=((recurrent, "gradient_vs_distance"),),
+                reference=_jacobian_norms, mistakes=(
+    Mistake("your norms come out in reverse: entry j should belong to input position j (the "
+            "caller flips them to get distances).",
+            lambda f, x: _jacobian_norms(f, x).flip(0), atol=1e-9, rtol=1e-5),
+    Mistake("you took the gradient of the SUM of the last output's coordinates; the measure is "
+            "the norm of the whole Jacobian block: the gradient of every output coordinate, "
+            "squared and added.", _sum_gradient_norms, atol=1e-9, rtol=1e-5),
+))
 def gradient_vs_distance(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        f, x = _model(case), case["x"]
         name = "an RNN" if case["model"] == "rnn" else "an attention layer"
-        n = x.shape[1]
-        J = torch.autograd.functional.jacobian(lambda t, f=f: f(t)[0, -1], x)  # (d_out, 1, n, d)
-        want = J.pow(2).sum(dim=(0, 1, 3)).sqrt()
+        want = expected(case)
         t = to_tensor(got, f"gradient_vs_distance on {name}", dtype=torch.float64)
-        expect_shape(t, (n,), f"gradient_vs_distance on {name}",
+        expect_shape(t, (case["x"].shape[1],), f"gradient_vs_distance on {name}",
                      hint="wanted one norm per input position, shape (n,).")
-        if torch.allclose(t, want.flip(0), atol=1e-9) and not torch.allclose(want, want.flip(0)):
-            fail("your norms come out in reverse: entry j should belong to input position j "
-                 "(the caller flips them to get distances).")
-        x_req = x.clone().requires_grad_(True)
-        (g_sum,) = torch.autograd.grad(f(x_req)[0, -1].sum(), x_req)
-        if torch.allclose(t, g_sum[0].norm(dim=-1), atol=1e-9) and \
-                not torch.allclose(want, g_sum[0].norm(dim=-1), atol=1e-9):
-            fail("you took the gradient of the SUM of the last output's coordinates; the measure "
-                 "is the norm of the whole Jacobian block: the gradient of every output "
-                 "coordinate, squared and added.")
+        named_mistake(case, t)
         expect_close(t, want, f"gradient_vs_distance on {name}", atol=1e-8, rtol=1e-6,
                      hint="g[j] = sqrt(sum over output coordinates i and features of "
                           "(d out[0, -1, i] / d x[0, j])²).")
@@ -222,7 +268,18 @@ def _memory_cases(seed: int, hidden: bool) -> list:
     return [{"n": n, "d": d, "num_layers": layers} for n, d, layers in sizes]
 
 
-@function_check(4, args=("n", "d", "num_layers"), grade="memory", cases=_memory_cases)
+def _memory_ok(n, d, num_layers):
+    return d * num_layers, 2 * n * d * num_layers
+
+
+@function_check(4, args=("n", "d", "num_layers"), grade="memory", cases=_memory_cases,
+                reference=_memory_ok, mistakes=(
+    Mistake("the RNN keeps one state of d numbers per layer: multiply by num_layers.",
+            lambda n, d, num_layers: (d, 2 * n * d * num_layers), atol=0, rtol=0,
+            on=lambda numbers: numbers[0]),
+    Mistake("attention keeps a key AND a value for every position: 2 · n · d per layer.",
+            lambda n, d, num_layers: (d * num_layers, n * d * num_layers), atol=0, rtol=0),
+))
 def memory_numbers(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
         n, d, layers = case["n"], case["d"], case["num_layers"]
@@ -231,14 +288,11 @@ def memory_numbers(cases: list, outcomes: list) -> str:
             rnn, attn = (int(v) for v in got)
         except (TypeError, ValueError, RuntimeError):
             fail(f"memory_numbers should return two whole numbers, got {got!r}.")
+        named_mistake(case, (rnn, attn))
         if rnn != d * layers:
-            if rnn == d and layers > 1:
-                fail("the RNN keeps one state of d numbers per layer: multiply by num_layers.")
             fail(f"for d={d}, num_layers={layers} the RNN keeps {d * layers} numbers (d per "
                  f"layer), you said {rnn}; it does not depend on n.")
         if attn != 2 * n * d * layers:
-            if attn == n * d * layers:
-                fail("attention keeps a key AND a value for every position: 2 · n · d per layer.")
             fail(f"for n={n}, d={d}, num_layers={layers} attention keeps 2·n·d·layers = "
                  f"{2 * n * d * layers} numbers, you said {attn}.")
     return ("memory_numbers: d per layer for the RNN, 2·n·d per layer for attention's keys and "
@@ -300,31 +354,33 @@ def far_prediction(got: str) -> str:
             "whether you were right.")
 
 
-@value_check(7)
+def _far_words(case, got) -> dict:
+    return {"got": got, "scale": FAR_SCALE}
+
+
+@value_check(7, reference=measured_far, mistakes=(
+    Mistake("rnn_far = {got:.3g} is the RNN as the cell built it: multiply its W_hh by "
+            "{scale:g} (inside torch.no_grad()) before measuring.",
+            lambda: measured_far(1.0), atol=0, rtol=0.02, detail=_far_words),
+    Mistake("rnn_far = {got:.3g} is upside down: divide the gradient at the FIRST position, "
+            "g[0], by the one at the last, g[-1].",
+            lambda: 1 / measured_far(), atol=0, rtol=0.02, detail=_far_words),
+    Mistake("you scaled W_xh, the weights that read the input; the recurrence is W_hh, the "
+            "weights that carry the summary from one step to the next.",
+            lambda: measured_far(FAR_SCALE, "W_xh"), atol=0, rtol=0.02),
+))
 def rnn_far(cases: list, outcomes: list) -> str:
     got = read_number(value(outcomes[0], "rnn_far"), "rnn_far", 0, 1e30,
                       "a number (g[0] / g[-1])")
-    want = measured_far()
-
-    def near(x, tol=0.02):
-        return abs(got - x) <= tol * abs(x)
-
-    if near(want):
+    want = expected(cases[0])
+    if abs(got - want) <= 0.02 * abs(want):
         return (f"rnn_far: {got:.2g}, no longer fading (your prediction was recorded above). "
                 f"With W_hh {FAR_SCALE:g} times larger, the first token's "
                 "pull on the last output no longer fades with distance: each step's factor is "
                 "now close to 1 (the tanh saturates what would otherwise explode). A gradient's "
                 "reach through a recurrence hangs on the size of that factor, a knife edge "
                 "between vanishing and exploding.")
-    if near(measured_far(1.0)):
-        fail(f"rnn_far = {got:.3g} is the RNN as the cell built it: multiply its W_hh by "
-             f"{FAR_SCALE:g} (inside torch.no_grad()) before measuring.")
-    if want > 0 and near(1 / want):
-        fail(f"rnn_far = {got:.3g} is upside down: divide the gradient at the FIRST position, "
-             "g[0], by the one at the last, g[-1].")
-    if near(measured_far(FAR_SCALE, "W_xh")):
-        fail("you scaled W_xh, the weights that read the input; the recurrence is W_hh, the "
-             "weights that carry the summary from one step to the next.")
+    named_mistake(cases[0], got)
     direction = "larger" if got > want else "smaller"
     fail(f"rnn_far = {got:.3g} is {direction} than the check's measurement (by more than 2%) on "
          f"the set-up cell's seeded RNN and x with W_hh times {FAR_SCALE:g}. Scale W_hh once, "

@@ -5,6 +5,7 @@ to the two-layer model (predict), and the same for each layer-1 head in turn (ex
 
 from __future__ import annotations
 
+import functools
 import math
 from functools import partial
 
@@ -16,14 +17,22 @@ import course_lib.models.block as block_module
 import course_lib.multihead as multihead
 import course_lib.stacking.induction as induction
 from course_lib.checks._core import call, expect_close, expect_shape, fail, to_tensor
+from course_lib.checks._declare import function_check, value_check
+from course_lib.checks._hints import hint
+from course_lib.checks._judging import each, value
+from course_lib.checks._mistakes import Mistake, expected, named_mistake
 from course_lib.checks._predict import choice_check, commit_check
-from course_lib.checks._protocol import each, function_check, hint, value, value_check
 from course_lib.checks._values import read_number
 
 __all__ = ["transformer_block", "ablate_head", "one_head_accuracy", "head_why",
            "single_head_ablations", "hint"]
 
 SOLUTION = "solutions/10_the_transformer.ipynb"
+
+# What the grading kernel keeps of this module (course_tools/grader/strip.py; pinned by
+# tests/test_grading_stripped.py): what the checks' run= needs, and no answer to any
+# exercise. A new name here is a review.
+KERNEL_HALF = ("_ablate_run",)
 
 # The induction test set of exercises 3 and 4 (the notebook builds the same one).
 INDUCTION_SEED, INDUCTION_BATCH = 2024, 512
@@ -61,7 +70,8 @@ def _block_cases(seed: int, hidden: bool) -> list:
 
 
 def _variant(x, p, heads, mask, *, kind="right"):
-    """The block, or one of the usual wrong versions of it (float64, for the judge)."""
+    """The block (the check's reference: it equals course_lib's TransformerBlock, which the
+    exercise forbids, and so its reference), or one of the usual wrong versions of it."""
     d = x.shape[-1]
 
     def ln(t, i):
@@ -108,61 +118,57 @@ def _variant(x, p, heads, mask, *, kind="right"):
     return x + mlp(ln(x, 2))
 
 
-_BLOCK_MISTAKES = {
-    "post_ln": "this is the POST-LN block (x = ln(x + attn(x))). Chapter 10's block normalises "
-               "first and adds to the raw stream: x = x + attn(ln1(x)).",
-    "no_residual": "the residual connections are missing: each sub-layer's output must be ADDED "
-                   "to x, not replace it.",
-    "normed_residual": "the residual adds the sub-layer to the NORMALISED stream (h + attn(h) with "
-                       "h = ln1(x)); it must be added to x itself: x + attn(ln1(x)).",
-    "relu": "the MLP uses ReLU; the block's MLP is Linear, GELU, Linear.",
-    "tanh_gelu": "the MLP uses the tanh approximation of GELU (approximate='tanh'); the block "
-                 "(like torch's TransformerEncoderLayer with activation='gelu') uses the exact "
-                 "GELU, x·Φ(x). The two differ by up to about 1e-3.",
-    "query_axis": "the attention weights are normalised over the QUERY axis (softmax over dim "
-                  "-2): each query's weights over the keys must sum to 1, so the softmax runs "
-                  "over the last axis, the keys.",
-    "no_transpose": "the heads are cut by reshaping (batch, n, d_model) straight to (batch, "
-                    "heads, n, d_head): that mixes positions into heads. Split the last axis "
-                    "into (heads, d_head) and then swap the n and heads axes (view, then "
-                    "transpose(1, 2)); merge back the same way in reverse.",
-    "scale_d_model": "the scores are divided by √d_model; each head scores with its own width, "
-                     "so divide by √(d_model / num_heads).",
-    "no_mask": "the mask is ignored: where mask is False the weight must be exactly 0.",
-}
-
-
 @function_check(1, args=("x", "params", "num_heads", "mask"), grade="block", cases=_block_cases,
                 forbid=((block_module, "TransformerBlock"), (multihead, "MultiHeadAttention"),
                         (nn, "TransformerEncoderLayer"), (nn, "MultiheadAttention"),
-                        (F, "multi_head_attention_forward")))
+                        (F, "multi_head_attention_forward")),
+                reference=_variant, mistakes=(
+    Mistake("transformer_block(x, params, num_heads, mask): this is the POST-LN block (x = "
+            "ln(x + attn(x))). Chapter 10's block normalises first and adds to the raw stream: "
+            "x = x + attn(ln1(x)).", partial(_variant, kind="post_ln"), atol=1e-8),
+    Mistake("transformer_block(x, params, num_heads, mask): the residual connections are "
+            "missing: each sub-layer's output must be ADDED to x, not replace it.",
+            partial(_variant, kind="no_residual"), atol=1e-8),
+    Mistake("transformer_block(x, params, num_heads, mask): the residual adds the sub-layer to "
+            "the NORMALISED stream (h + attn(h) with h = ln1(x)); it must be added to x itself: "
+            "x + attn(ln1(x)).", partial(_variant, kind="normed_residual"), atol=1e-8),
+    Mistake("transformer_block(x, params, num_heads, mask): the MLP uses ReLU; the block's MLP "
+            "is Linear, GELU, Linear.", partial(_variant, kind="relu"), atol=1e-8),
+    Mistake("transformer_block(x, params, num_heads, mask): the MLP uses the tanh "
+            "approximation of GELU (approximate='tanh'); the block (like torch's "
+            "TransformerEncoderLayer with activation='gelu') uses the exact GELU, x·Φ(x). The "
+            "two differ by up to about 1e-3.", partial(_variant, kind="tanh_gelu"), atol=1e-8),
+    Mistake("transformer_block(x, params, num_heads, mask): the attention weights are "
+            "normalised over the QUERY axis (softmax over dim -2): each query's weights over "
+            "the keys must sum to 1, so the softmax runs over the last axis, the keys.",
+            partial(_variant, kind="query_axis"), atol=1e-8),
+    Mistake("transformer_block(x, params, num_heads, mask): the heads are cut by reshaping "
+            "(batch, n, d_model) straight to (batch, heads, n, d_head): that mixes positions "
+            "into heads. Split the last axis into (heads, d_head) and then swap the n and heads "
+            "axes (view, then transpose(1, 2)); merge back the same way in reverse.",
+            partial(_variant, kind="no_transpose"), atol=1e-8),
+    Mistake("transformer_block(x, params, num_heads, mask): the scores are divided by "
+            "√d_model; each head scores with its own width, so divide by √(d_model / "
+            "num_heads).", partial(_variant, kind="scale_d_model"), atol=1e-8),
+    Mistake("transformer_block(x, params, num_heads, mask): the mask is ignored: where mask is "
+            "False the weight must be exactly 0.", partial(_variant, kind="no_mask"),
+            atol=1e-8),
+))
 def transformer_block(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        x, p, heads, mask = case["x"], case["params"], case["num_heads"], case["mask"]
-        want = _reference_block(x, p, heads, mask)
+        x, heads, mask = case["x"], case["num_heads"], case["mask"]
+        want = expected(case)
         what = "transformer_block(x, params, num_heads, mask)"
         out = to_tensor(got, what, dtype=torch.float64)
         expect_shape(out, want.shape, what, "a block maps (batch, n, d_model) to the same shape.")
         if torch.allclose(out, want, atol=1e-8, rtol=1e-6):
             continue
-        for kind, message in _BLOCK_MISTAKES.items():
-            if kind == "no_mask" and mask is None or kind == "no_transpose" and heads == 1:
-                continue
-            if torch.allclose(out, _variant(x, p, heads, mask, kind=kind), atol=1e-8, rtol=1e-6):
-                fail(f"{what}: {message}")
+        named_mistake(case, out)
         expect_close(out, want, what, atol=1e-8, rtol=1e-6,
                      hint=f"(case batch={x.shape[0]}, n={x.shape[1]}, d_model={x.shape[2]}, "
                           f"num_heads={heads}, mask {'causal' if mask is not None else 'None'})")
     return (f"transformer_block: equals course_lib's TransformerBlock (and so torch's pre-LN "
             f"TransformerEncoderLayer) on {len(cases)} cases, with and without a causal mask.")
-
-
-def _reference_block(x, p, heads, mask):
-    d, d_mlp = x.shape[-1], p["mlp.0.weight"].shape[0]
-    reference = block_module.TransformerBlock(d, heads, d_mlp).to(torch.float64)
-    reference.load_state_dict(p)
-    with torch.no_grad():
-        return reference(x, mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -184,28 +190,37 @@ def _ablate_run(fn, case):
     return {"weight": got, "input_unchanged": bool(torch.equal(w, before))}
 
 
+def _zeroed(w, head, num_heads, axis=1):
+    """W_O with head `head`'s d_head columns zeroed (axis=1; axis=0: its rows, the planted bug)."""
+    d_head = w.shape[0] // num_heads
+    w = w.clone()
+    w.narrow(axis, head * d_head, d_head).zero_()
+    return w
+
+
+def _weight(result):
+    return result["weight"]
+
+
 @function_check(2, run=_ablate_run, grade="ablate", cases=_ablate_cases,
-                forbid=((induction, "ablate_head"),))
+                forbid=((induction, "ablate_head"),), reference=_zeroed, mistakes=(
+    Mistake("the ROWS of W_O were zeroed: row i of W_O makes output feature i, which mixes every "
+            "head. Head h enters W_O through its d_head COLUMNS (out = W_O @ concat), so those "
+            "are the ones to zero.", partial(_zeroed, axis=0), atol=1e-8, rtol=1e-5, on=_weight),
+    Mistake("the returned W_O is unchanged: head h still reaches the residual stream.",
+            lambda w, head, num_heads: w.clone(), atol=1e-8, rtol=1e-5, on=_weight),
+))
 def ablate_head(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
-        w, head, heads = case["out_weight"], case["head"], case["num_heads"]
-        d_head = w.shape[0] // heads
-        cols = slice(head * d_head, (head + 1) * d_head)
-        want = w.clone()
-        want[:, cols] = 0
+        head, heads = case["head"], case["num_heads"]
+        d_head = case["out_weight"].shape[0] // heads
+        want = expected(case)["weight"]
         if not isinstance(got, dict) or "weight" not in got:
             fail("ablate_head should return the new W_O (a tensor).")
         out = to_tensor(got["weight"], "ablate_head(out_weight, head, num_heads)",
                         dtype=torch.float64)
         expect_shape(out, want.shape, "the returned W_O", "same shape as out_weight.")
-        rows = w.clone()
-        rows[cols, :] = 0
-        if heads > 1 and torch.allclose(out, rows):
-            fail("the ROWS of W_O were zeroed: row i of W_O makes output feature i, which mixes "
-                 "every head. Head h enters W_O through its d_head COLUMNS (out = W_O @ concat), "
-                 "so those are the ones to zero.")
-        if heads > 1 and torch.allclose(out, w):
-            fail("the returned W_O is unchanged: head h still reaches the residual stream.")
+        named_mistake(case, got)
         expect_close(out, want, "the returned W_O", atol=0, rtol=0,
                      hint=f"only the columns of head {head} (d_head = {d_head} of them) become 0.")
         if not got.get("input_unchanged", True):
@@ -229,7 +244,8 @@ def induction_test_set():
     return induction_batch(torch.Generator().manual_seed(INDUCTION_SEED), INDUCTION_BATCH, **task)
 
 
-def _measured_single_heads() -> tuple[float, list[float], list[float]]:
+@functools.cache
+def _measured_single_heads() -> tuple[float, tuple[float, ...], tuple[float, ...]]:
     """(accuracy with every head, accuracy with each layer-1 head zeroed alone, each layer-0
     head zeroed alone) of the two-layer model on the test batch."""
     from course_lib.stacking import pretrained
@@ -247,7 +263,7 @@ def _measured_single_heads() -> tuple[float, list[float], list[float]]:
             with ablate(model, layer, [h]):
                 accuracies.append(evaluate(model, tokens, targets))
         found.append(accuracies)
-    return before, found[0], found[1]
+    return before, tuple(found[0]), tuple(found[1])
 
 
 def _strongest_induction_head() -> int:
@@ -271,14 +287,26 @@ def one_head_accuracy(got: float) -> str:
 head_why = choice_check(3, "head_why", "abc", module=__name__)
 
 
-@value_check(4, grade="ablation")
+def _layer1_accuracies() -> list[float]:
+    return list(_measured_single_heads()[1])
+
+
+@value_check(4, grade="ablation", reference=_layer1_accuracies, mistakes=(
+    Mistake("these are the accuracies with the heads of layer 0 (the first layer) zeroed one at "
+            "a time: the exercise asks for layer 1, ablate_head(model, 1, [h]).",
+            lambda: list(_measured_single_heads()[2]), atol=0.01, rtol=0),
+    Mistake("every accuracy equals the model's accuracy with all its heads: measure inside the "
+            "`with course_ablate_head(model, 1, [h]):` block, one head at a time.",
+            lambda: [_measured_single_heads()[0]] * len(_measured_single_heads()[1]),
+            atol=0.01, rtol=0),
+))
 def single_head_ablations(cases: list, outcomes: list) -> str:
     got = value(outcomes[0], "layer1_accuracies")
     if isinstance(got, torch.Tensor):
         got = got.tolist()
     if got is None:
         fail("layer1_accuracies is None: measure one accuracy per head of layer 1.")
-    before, layer1, layer0 = _measured_single_heads()
+    layer1 = expected(cases[0])
     if not isinstance(got, (list, tuple)) or len(got) != len(layer1):
         fail(f"layer1_accuracies should be a list of {len(layer1)} accuracies, one per head of "
              f"layer 1 (head 0 first), got {got!r}.")
@@ -290,12 +318,7 @@ def single_head_ablations(cases: list, outcomes: list) -> str:
         return (f"single_head_ablations: zeroing one layer-1 head at a time costs between "
                 f"{1 - max(got):.2f} and {1 - min(got):.2f} of the accuracy; head {worst} "
                 "matters most, and no single head is the whole circuit.")
-    if all(abs(a - w) <= 0.01 for a, w in zip(got, layer0)):
-        fail("these are the accuracies with the heads of layer 0 (the first layer) zeroed one "
-             "at a time: the exercise asks for layer 1, ablate_head(model, 1, [h]).")
-    if all(abs(a - before) <= 0.01 for a in got):
-        fail("every accuracy equals the model's accuracy with all its heads: measure inside the "
-             "`with course_ablate_head(model, 1, [h]):` block, one head at a time.")
+    named_mistake(cases[0], got)
     wrong = [h for h, ok in enumerate(close) if not ok]
     directions = ", ".join(f"head {h} {'too high' if got[h] > layer1[h] else 'too low'}"
                            for h in wrong)

@@ -69,13 +69,6 @@ def text_batch(ids: torch.Tensor, generator: torch.Generator, batch: int = 32,
     return window[:, :-1], window[:, 1:]
 
 
-def repeated_random(generator: torch.Generator, vocab_ids: torch.Tensor, batch: int = 32,
-                    segment: int = 24) -> torch.Tensor:
-    """(batch, 2 * segment): random characters, then the same ones again."""
-    pick = vocab_ids[torch.randint(0, len(vocab_ids), (batch, segment), generator=generator)]
-    return torch.cat([pick, pick], dim=1)
-
-
 def repeated_text(ids: torch.Tensor, generator: torch.Generator, batch: int = 32,
                   segment: int = 40) -> torch.Tensor:
     """(batch, 2 * segment): a random stretch of real text, then the same stretch again. In the

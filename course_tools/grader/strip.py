@@ -9,7 +9,8 @@ chapter per run:
   the file, or reaching it by another import path, finds no implementation (nor its docstring);
   unless the chapter's own cells need it, directly or through a module they import
   (`used_through`): then only the `forbid` trap stands for it, as before;
-* in every checker module (`checks/chNN.py`, `checks/_chNN_*.py`, all chapters) only the
+* in every checker module (`checks/chNN.py`, or each part of a package `checks/chNN/`, all
+  chapters) only the
   kernel half is left: what the checks' `run=` / `read=` arguments need, and the public helpers
   the exercise notebooks use (their data). Judges, references and measurements are stubs, and
   every check declaration loses its `reference=` and `mistakes=` (the right answer and the
@@ -33,7 +34,7 @@ from collections.abc import Iterable
 from importlib import import_module
 from pathlib import Path
 
-CHECKER_FILE = re.compile(r"_?ch\d+(_\w+)?\.py")
+CHECKER_PATH = re.compile(r"ch\d+(\.py|/\w+\.py)")  # checks/chNN.py, checks/chNN/<part>.py
 KERNEL_KEYWORDS = ("run", "read", "args", "forbid")  # what the kernel half uses
 # what only a judge uses, dropped from every check declaration: the right answer and the named
 # wrong ones (course_lib/checks/_mistakes.py), each a working answer to its exercise
@@ -251,11 +252,22 @@ def _names_outside_checks(node: ast.AST) -> set[str]:
     return found
 
 
+def checker_modules(checks_dir: Path) -> dict[str, Path]:
+    """'course_lib.checks.ch04' -> its file, for every chapter's checker module or package
+    part under `checks_dir` (a package's `__init__` is the package's own name)."""
+    found = {}
+    for p in sorted(checks_dir.rglob("*.py")):
+        rel = p.relative_to(checks_dir).as_posix()
+        if CHECKER_PATH.fullmatch(rel):
+            found["course_lib.checks." + rel.removesuffix(".py").removesuffix("/__init__")
+                  .replace("/", ".")] = p
+    return found
+
+
 def strip_checkers(checks_dir: Path, keep: set[str]) -> None:
     """Stub, in every checker module under `checks_dir`, each definition the kernel half does
     not reach (tests/test_grading_stripped.py pins what each module keeps)."""
-    modules = {f"course_lib.checks.{p.stem}": _Module(f"course_lib.checks.{p.stem}", p)
-               for p in sorted(checks_dir.glob("*.py")) if CHECKER_FILE.fullmatch(p.name)}
+    modules = {name: _Module(name, p) for name, p in checker_modules(checks_dir).items()}
     kept: set[tuple[str, str]] = set()
     todo = [(m.name, r) for m in modules.values() for r in m.roots | keep]
     while todo:
