@@ -40,25 +40,8 @@ def update_unstable(m, l, scores):
     return m_new, (l * torch.exp(m) + torch.exp(scores).sum(dim=1)) / torch.exp(m_new)
 
 
-def causal_ok(q, k, v, block_size, skip=True):
-    n, d = q.shape
-    out = torch.empty(n, v.shape[1], dtype=q.dtype)
-    for i in range(0, n, block_size):
-        rows = torch.arange(i, min(i + block_size, n))
-        qb = q[rows] * d ** -0.5
-        m = torch.full((len(rows),), -math.inf, dtype=q.dtype)
-        l = torch.zeros(len(rows), dtype=q.dtype)
-        acc = torch.zeros(len(rows), v.shape[1], dtype=q.dtype)
-        for j in range(0, int(rows[-1]) + 1 if skip else n, block_size):
-            cols = torch.arange(j, min(j + block_size, n))
-            s = (qb @ k[cols].T).masked_fill(cols[None, :] > rows[:, None], -math.inf)
-            m_new = torch.maximum(m, s.amax(dim=1))
-            p, alpha = torch.exp(s - m_new[:, None]), torch.exp(m - m_new)
-            l = l * alpha + p.sum(dim=1)
-            acc = acc * alpha[:, None] + p @ v[cols]
-            m = m_new
-        out[rows] = acc / l[:, None]
-    return out
+def causal_ok(q, k, v, block_size):
+    return check.causal_tiled.reference(q, k, v, block_size)
 
 
 def causal_full_grid(q, k, v, block_size):
@@ -68,7 +51,12 @@ def causal_full_grid(q, k, v, block_size):
 
 
 def causal_no_skip(q, k, v, block_size):
-    return causal_ok(q, k, v, block_size, skip=False)
+    """The right numbers, but every tile above the diagonal is scored too (then thrown away)."""
+    n = q.shape[0]
+    for i in range(0, n, block_size):
+        for j in range(i + block_size, n, block_size):
+            q[i:i + block_size] @ k[j:j + block_size].T
+    return causal_ok(q, k, v, block_size)
 
 
 def backward_ok(q, k, v, o, lse, do, block_size):

@@ -118,41 +118,40 @@ def _variant(x, p, heads, mask, *, kind="right"):
     return x + mlp(ln(x, 2))
 
 
+def _block_mistake(kind: str, message: str) -> Mistake:
+    """One of the block's named mistakes: `_variant`'s `kind` of the block."""
+    return Mistake(f"transformer_block(x, params, num_heads, mask): {message}",
+                   partial(_variant, kind=kind), atol=1e-8)
+
+
 @function_check(1, args=("x", "params", "num_heads", "mask"), grade="block", cases=_block_cases,
                 forbid=((block_module, "TransformerBlock"), (multihead, "MultiHeadAttention"),
                         (nn, "TransformerEncoderLayer"), (nn, "MultiheadAttention"),
                         (F, "multi_head_attention_forward")),
                 reference=_variant, mistakes=(
-    Mistake("transformer_block(x, params, num_heads, mask): this is the POST-LN block (x = "
-            "ln(x + attn(x))). Chapter 10's block normalises first and adds to the raw stream: "
-            "x = x + attn(ln1(x)).", partial(_variant, kind="post_ln"), atol=1e-8),
-    Mistake("transformer_block(x, params, num_heads, mask): the residual connections are "
-            "missing: each sub-layer's output must be ADDED to x, not replace it.",
-            partial(_variant, kind="no_residual"), atol=1e-8),
-    Mistake("transformer_block(x, params, num_heads, mask): the residual adds the sub-layer to "
-            "the NORMALISED stream (h + attn(h) with h = ln1(x)); it must be added to x itself: "
-            "x + attn(ln1(x)).", partial(_variant, kind="normed_residual"), atol=1e-8),
-    Mistake("transformer_block(x, params, num_heads, mask): the MLP uses ReLU; the block's MLP "
-            "is Linear, GELU, Linear.", partial(_variant, kind="relu"), atol=1e-8),
-    Mistake("transformer_block(x, params, num_heads, mask): the MLP uses the tanh "
-            "approximation of GELU (approximate='tanh'); the block (like torch's "
-            "TransformerEncoderLayer with activation='gelu') uses the exact GELU, x·Φ(x). The "
-            "two differ by up to about 1e-3.", partial(_variant, kind="tanh_gelu"), atol=1e-8),
-    Mistake("transformer_block(x, params, num_heads, mask): the attention weights are "
-            "normalised over the QUERY axis (softmax over dim -2): each query's weights over "
-            "the keys must sum to 1, so the softmax runs over the last axis, the keys.",
-            partial(_variant, kind="query_axis"), atol=1e-8),
-    Mistake("transformer_block(x, params, num_heads, mask): the heads are cut by reshaping "
-            "(batch, n, d_model) straight to (batch, heads, n, d_head): that mixes positions "
-            "into heads. Split the last axis into (heads, d_head) and then swap the n and heads "
-            "axes (view, then transpose(1, 2)); merge back the same way in reverse.",
-            partial(_variant, kind="no_transpose"), atol=1e-8),
-    Mistake("transformer_block(x, params, num_heads, mask): the scores are divided by "
-            "√d_model; each head scores with its own width, so divide by √(d_model / "
-            "num_heads).", partial(_variant, kind="scale_d_model"), atol=1e-8),
-    Mistake("transformer_block(x, params, num_heads, mask): the mask is ignored: where mask is "
-            "False the weight must be exactly 0.", partial(_variant, kind="no_mask"),
-            atol=1e-8),
+    _block_mistake("post_ln", "this is the POST-LN block (x = ln(x + attn(x))). Chapter 10's "
+                   "block normalises first and adds to the raw stream: x = x + attn(ln1(x))."),
+    _block_mistake("no_residual", "the residual connections are missing: each sub-layer's "
+                   "output must be ADDED to x, not replace it."),
+    _block_mistake("normed_residual", "the residual adds the sub-layer to the NORMALISED "
+                   "stream (h + attn(h) with h = ln1(x)); it must be added to x itself: "
+                   "x + attn(ln1(x))."),
+    _block_mistake("relu", "the MLP uses ReLU; the block's MLP is Linear, GELU, Linear."),
+    _block_mistake("tanh_gelu", "the MLP uses the tanh approximation of GELU "
+                   "(approximate='tanh'); the block (like torch's TransformerEncoderLayer with "
+                   "activation='gelu') uses the exact GELU, x·Φ(x). The two differ by up to "
+                   "about 1e-3."),
+    _block_mistake("query_axis", "the attention weights are normalised over the QUERY axis "
+                   "(softmax over dim -2): each query's weights over the keys must sum to 1, "
+                   "so the softmax runs over the last axis, the keys."),
+    _block_mistake("no_transpose", "the heads are cut by reshaping (batch, n, d_model) "
+                   "straight to (batch, heads, n, d_head): that mixes positions into heads. "
+                   "Split the last axis into (heads, d_head) and then swap the n and heads axes "
+                   "(view, then transpose(1, 2)); merge back the same way in reverse."),
+    _block_mistake("scale_d_model", "the scores are divided by √d_model; each head scores "
+                   "with its own width, so divide by √(d_model / num_heads)."),
+    _block_mistake("no_mask", "the mask is ignored: where mask is False the weight must be "
+                   "exactly 0."),
 ))
 def transformer_block(cases: list, outcomes: list) -> str:
     for case, got in each(cases, outcomes):
