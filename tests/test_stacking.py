@@ -19,6 +19,7 @@ from course_lib.stacking.pronoun import (
     accuracy_by_pairs,
 )
 from course_lib.stacking.text import (
+    JOB_TESTS,
     JOBS,
     CharTokenizer,
     ablation_costs,
@@ -28,6 +29,8 @@ from course_lib.stacking.text import (
     current_token_score,
     delimiter_score,
     head_jobs,
+    job_ablations,
+    job_positions,
     nats_per_character,
     repeat_score,
     repeated_text,
@@ -176,7 +179,7 @@ def test_text_scores_on_weights_built_to_do_one_job():
     assert float(repeat_score(torch.eye(12).expand(2, 1, 12, 12), 6)[0]) == 0.0
 
 
-def test_head_jobs_names_a_head_only_above_its_baseline_and_when_it_costs_something():
+def test_head_jobs_names_a_head_above_its_baseline_that_costs_most_where_its_job_matters():
     torch.manual_seed(2)
     tok = CharTokenizer("abcdefgh ,.()")
     model = TinyTransformer(tok.vocab_size, 16, 2, 2, 32)
@@ -186,17 +189,60 @@ def test_head_jobs_names_a_head_only_above_its_baseline_and_when_it_costs_someth
     rows = head_jobs(model, tok, text, rep, targets)
     assert [(r["layer"], r["head"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     costs = ablation_costs(model, text, targets)
+    local = job_ablations(model, tok, text, targets)
     for r in rows:
         assert r["job"] in (*JOBS, "no clear job")
-        assert r["cost"] == pytest.approx(float(costs[r["layer"], r["head"]]))
+        assert r["cost"] == round(float(costs[r["layer"], r["head"]]), 3)  # what is printed
+        for j, job in enumerate(JOB_TESTS):
+            want = local[r["layer"], r["head"], j]
+            assert r["tests"][job] == tuple(round(float(c), 3) for c in want)
         best = max(JOBS, key=lambda job: r[job] - max(r["baselines"][job]))
         base = max(r["baselines"][best])
-        earned = r[best] >= 1.5 * base and r[best] - base >= 0.1 and r["cost"] >= 0.01
-        assert r["job"] == (best if earned else "no clear job")
+        failed = []
+        if not (r[best] >= 1.5 * base and r[best] - base >= 0.1):
+            failed.append("score")
+        if not r["cost"] >= 0.01:
+            failed.append("zeroing")
+        if best in JOB_TESTS and not r["tests"][best][0] >= 1.5 * r["tests"][best][1]:
+            failed.append("job")
+        assert (r["candidate"], r["fails"]) == (best, failed)
+        assert r["job"] == ("no clear job" if failed else best)
     # without targets there is no ablation, so no head is named
     assert {r["job"] for r in head_jobs(model, tok, text, rep)} == {"no clear job"}
 
 
+def test_job_positions_are_where_each_jobs_information_should_help():
+    tok = CharTokenizer('ab (")')
+    ids = tok.encode('ab (ab "a") ba')
+    masks = job_positions(ids[None, :-1], ids[None, 1:], tok)
+    assert set(masks) == set(JOB_TESTS)
+    text = tok.decode(ids[:-1])
+    def at(mask):
+        return "".join(c if m else "_" for c, m in zip(text, mask[0].tolist()))
+    assert text == 'ab (ab "a") b'
+    where, against = masks["previous token"]  # a letter after a letter, against the rest
+    assert (at(where), at(against)) == ("_b___b_______", 'a_ (a_ "a") b')
+    where, against = masks["delimiter"]  # queries before a letter: inside a word, or a delimiter
+    assert (at(where), at(against)) == ("a___a_______b", '___(___"___ _')
+    where, against = masks["bracket"]  # something open before the query, against nothing open
+    assert (at(where), at(against)) == ('____ab "a")__', "ab (_______ b")
+    with pytest.raises(ValueError, match="same shape"):
+        job_positions(ids[None, :-1], ids[None, :-2], tok)
+
+
+def test_job_ablations_split_each_heads_ablation_cost_by_where_its_job_matters():
+    torch.manual_seed(0)
+    tok = CharTokenizer("abc (),")
+    model = TinyTransformer(tok.vocab_size, 16, 2, 2, 32)
+    ids = tok.encode("ab (ca, b) cab (a) bc, (abc) ca")
+    x, y = ids[None, :-1], ids[None, 1:]
+    local = job_ablations(model, tok, x, y)
+    costs = ablation_costs(model, x, y)
+    where, against = job_positions(x, y, tok)["bracket"]  # together: every query, once
+    share = where.float().mean()
+    b = list(JOB_TESTS).index("bracket")
+    torch.testing.assert_close(share * local[..., b, 0] + (1 - share) * local[..., b, 1], costs,
+                               atol=1e-5, rtol=0)
 def test_baselines_are_attention_that_does_no_job():
     w = baseline_weights(2, 6)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 1, 6))

@@ -16,6 +16,7 @@ seconds), far longer than a lecture may run, so the course ships their weights
     pairs_transformer, pairs_gru         m (thing, container) pairs, then the question: attention
                                          vs recurrence of about the same size and budget
     pairs_gru_question_first             the same GRU, the question asked before the pairs
+    pairs_gru_long                       pairs_gru with ten times the steps (about 20 min)
     text                                 characters of CPython's reference manual
 
 `--seed K` trains with another seed and writes only its record (`ch10_<name>_seed<K>.json`, the
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from course_lib.measure import threads
 from course_lib.models import TinyTransformer
 from course_lib.models.recall import RecurrentModel
 from course_lib.stacking import shipped
@@ -68,6 +70,10 @@ SPECS: dict[str, dict] = {
                                  "task_args": {**_PAIRS_TASK, "question_first": True},
                                  "model": "RecurrentModel", "model_args": _PAIRS_GRU,
                                  "steps": 3000, "batch": 64, "lr": 3e-3, "seed": 0},
+    # the question-last GRU again with ten times the budget: does it bind the pairs, given time?
+    "pairs_gru_long": {"task": "pairs", "task_args": _PAIRS_TASK, "model": "RecurrentModel",
+                       "model_args": _PAIRS_GRU, "steps": 30000, "batch": 64, "lr": 3e-3,
+                       "seed": 0},
     "text": {"task": "text", "task_args": {"n": 96, "held_out": 0.1}, "model": "TinyTransformer",
              "model_args": {"vocab_size": None, "d_model": 96, "num_heads": 4, "num_layers": 3,
                             "max_len": 256},
@@ -180,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="train with this seed instead and write its record only")
     args = shipped.parse(parser, argv, SPECS)
     for name in args.names:
-        model, rec = make(name, quick=args.quick, progress=sys.stderr.isatty(), seed=args.seed)
+        with threads(1):  # what made_with() records, whatever the machine's core count
+            model, rec = make(name, quick=args.quick, progress=sys.stderr.isatty(),
+                              seed=args.seed)
         path = save(model, rec, args.out, seed=args.seed)
         print(f"{name}: {rec['steps_done']} steps in {rec['seconds']} s, {rec['result']} -> {path}")
     return 0

@@ -107,11 +107,10 @@ def current_token_score(weights: torch.Tensor) -> torch.Tensor:
     return torch.diagonal(weights, dim1=-2, dim2=-1).mean(dim=(0, 2))
 
 
-def bracket_score(weights: torch.Tensor, tokens: torch.Tensor,
-                  tokenizer: CharTokenizer) -> torch.Tensor:
-    """Mean weight on the innermost still-open bracket or quote BEFORE each query: ( [ { "
-    opened and not yet closed (a closing mark closes it; a second " closes the first). Queries
-    with nothing open before them do not count: (B, heads, n, n), tokens (B, n) -> (heads,)."""
+def open_brackets(tokens: torch.Tensor, tokenizer: CharTokenizer) -> torch.Tensor:
+    """(B, n): the position of the innermost bracket or quote still open BEFORE each query,
+    -1 where nothing is open. ( [ { open; the matching mark closes; a second " closes the
+    first."""
     opener = {tokenizer.index[c]: c for c in "([{" if c in tokenizer.index}
     closer = {tokenizer.index[c]: o for c, o in zip(")]}", "([{") if c in tokenizer.index}
     quote = tokenizer.index.get('"')
@@ -129,7 +128,15 @@ def bracket_score(weights: torch.Tensor, tokens: torch.Tensor,
                 stack.append((i, opener[t]))
             elif t in closer and stack and stack[-1][1] == closer[t]:
                 stack.pop()
-    target = target.to(tokens.device)
+    return target.to(tokens.device)
+
+
+def bracket_score(weights: torch.Tensor, tokens: torch.Tensor,
+                  tokenizer: CharTokenizer) -> torch.Tensor:
+    """Mean weight on the innermost still-open bracket or quote BEFORE each query
+    (`open_brackets`). Queries with nothing open before them do not count:
+    (B, heads, n, n), tokens (B, n) -> (heads,)."""
+    target = open_brackets(tokens, tokenizer)
     has = target >= 0
     index = target.clamp(min=0)[:, None, :, None].expand(-1, weights.shape[1], -1, 1)
     on = weights.gather(3, index)[..., 0]  # (B, heads, n)
@@ -171,6 +178,63 @@ def ablation_costs(model, tokens: torch.Tensor, targets: torch.Tensor) -> torch.
 
 JOBS = ("previous token", "current token", "delimiter", "bracket", "induction")
 
+# Where each job's information should matter, as (where, against): the queries at which zeroing a
+# head that really does the job must cost more. A previous-character head tells a query the
+# character before it, which helps spell a word: queries inside a word, their previous character
+# a letter too, against the rest. A start-of-word head tells a query where its word began, which
+# helps with the word's later characters and not with the first character of the next word
+# (predicted at the delimiter itself). A bracket head tells what is still open.
+JOB_TESTS = {
+    "previous token": ("inside a word", "elsewhere"),
+    "delimiter": ("later characters of a word", "the first character of a word"),
+    "bracket": ("inside an open bracket or quote", "outside"),
+}
+
+
+def job_positions(tokens: torch.Tensor, targets: torch.Tensor,
+                  tokenizer: CharTokenizer) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """For each job of `JOB_TESTS`, two boolean (B, n) masks of queries: where the job's
+    information should help predict the next character, and what to compare with."""
+    if tokens.shape != targets.shape:
+        raise ValueError(f"tokens and targets should have the same shape, got "
+                         f"{tuple(tokens.shape)} and {tuple(targets.shape)}")
+    delims = tokenizer.delimiter_ids().to(tokens.device)
+    is_delim = torch.isin(tokens, delims)  # (B, n)
+    prev_delim = torch.cat([torch.ones_like(is_delim[:, :1]), is_delim[:, :-1]], dim=1)
+    in_word = ~is_delim & ~prev_delim  # a letter after a letter
+    next_letter = ~torch.isin(targets, delims)
+    inside = open_brackets(tokens, tokenizer) >= 0
+    return {"previous token": (in_word, ~in_word),
+            "delimiter": (~is_delim & next_letter, is_delim & next_letter),
+            "bracket": (inside, ~inside)}
+
+
+@torch.no_grad()
+def job_ablations(model, tokenizer: CharTokenizer, tokens: torch.Tensor,
+                  targets: torch.Tensor) -> torch.Tensor:
+    """(layers, heads, len(JOB_TESTS), 2): the loss rise, in nats per character, of zeroing each
+    head, on the queries where each job should matter and on those it is compared with
+    (`job_positions`, in `JOB_TESTS` order). NaN where a batch has no such query."""
+    model.eval()
+    masks = job_positions(tokens, targets, tokenizer)
+
+    def losses():
+        logits = model(tokens)
+        return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets,
+                                                 reduction="none")  # (B, n)
+
+    base = losses()
+    heads = model.blocks[0].attn.num_heads
+    out = torch.zeros(len(model.blocks), heads, len(JOB_TESTS), 2)
+    for layer in range(len(model.blocks)):
+        for head in range(heads):
+            with ablate_head(model, layer, head):
+                rise = losses() - base
+            for j, job in enumerate(JOB_TESTS):
+                for side, mask in enumerate(masks[job]):
+                    out[layer, head, j, side] = rise[mask].mean() if mask.any() else float("nan")
+    return out
+
 
 def _job_scores(w, r, text_tokens, repeated_tokens, tokenizer):
     return {"previous token": previous_token_score(w), "current token": current_token_score(w),
@@ -183,20 +247,24 @@ def _job_scores(w, r, text_tokens, repeated_tokens, tokenizer):
 def head_jobs(model, tokenizer: CharTokenizer, text_tokens: torch.Tensor,
               repeated_tokens: torch.Tensor, targets: torch.Tensor | None = None,
               margin: float = 1.5, min_excess: float = 0.1, min_cost: float = 0.01,
-              window: int = 3) -> list[dict]:
+              window: int = 3, digits: int = 3) -> list[dict]:
     """Score every head of `model` at each job against what a head with no job would score, and
     name a job only where the head earns it.
 
     text_tokens (B, n): windows of real text (previous, current, delimiter, bracket);
     repeated_tokens (B, 2m): a stretch of text twice (`repeated_text`, for induction); targets:
-    the next characters of text_tokens, for the ablation. Each score is the mean weight on ONE
+    the next characters of text_tokens, for the ablations. Each score is the mean weight on ONE
     position per query. Its baselines are the same score of attention spread evenly over the
-    causal past ("uniform") and over the last `window` keys ("window"). A head is named after
-    the job whose score most exceeds its larger baseline, if that score is at least `margin`
-    times the baseline and `min_excess` above it, AND zeroing the head costs at least
-    `min_cost` nats per character (needs targets); else it has "no clear job". One dict per
-    head: {"layer", "head", "job", "cost", a score per job, "baselines": {job: (uniform,
-    window)}}.
+    causal past ("uniform") and over the last `window` keys ("window"). A head's candidate is
+    the job whose score most exceeds its larger baseline. It is named after it if three tests
+    pass, each on numbers rounded to `digits` decimals (what a printout shows):
+      "score":   the score is at least `margin` times the baseline and `min_excess` above it;
+      "zeroing": zeroing the head costs at least `min_cost` nats per character (needs targets);
+      "job":     for a job in `JOB_TESTS`, zeroing costs at least `margin` times as much where the
+                 job should matter as where it should not (`job_ablations`).
+    Else its job is "no clear job"; "fails" lists the tests it failed. One dict per head:
+    {"layer", "head", "job", "candidate", "fails", "cost", a score per job,
+    "baselines": {job: (uniform, window)}, "tests": {job: (cost where, cost against)}}.
     """
     model.eval()
     model(text_tokens)
@@ -210,20 +278,32 @@ def head_jobs(model, tokenizer: CharTokenizer, text_tokens: torch.Tensor,
         base = _job_scores(baseline_weights(B, n, kind), baseline_weights(Br, nr, kind),
                            text_tokens, repeated_tokens, tokenizer)
         for job in JOBS:
-            baselines.setdefault(job, []).append(float(base[job][0]))
-    costs = (ablation_costs(model, text_tokens, targets) if targets is not None
-             else torch.full((len(model.blocks), on_text[0].shape[1]), float("nan")))
+            baselines.setdefault(job, []).append(round(float(base[job][0]), digits))
+    heads = on_text[0].shape[1]
+    if targets is not None:
+        costs = ablation_costs(model, text_tokens, targets)
+        local = job_ablations(model, tokenizer, text_tokens, targets)
+    else:
+        costs = torch.full((len(model.blocks), heads), float("nan"))
+        local = torch.full((len(model.blocks), heads, len(JOB_TESTS), 2), float("nan"))
     rows = []
     for layer, (w, r) in enumerate(zip(on_text, on_repeat)):
         scores = _job_scores(w, r, text_tokens, repeated_tokens, tokenizer)
-        for head in range(w.shape[1]):
-            row = {"layer": layer, "head": head, **{job: float(scores[job][head]) for job in JOBS},
-                   "cost": float(costs[layer, head]),
-                   "baselines": {job: tuple(baselines[job]) for job in JOBS}}
+        for head in range(heads):
+            row = {"layer": layer, "head": head,
+                   **{job: round(float(scores[job][head]), digits) for job in JOBS},
+                   "cost": round(float(costs[layer, head]), digits),
+                   "baselines": {job: tuple(baselines[job]) for job in JOBS},
+                   "tests": {job: tuple(round(float(c), digits) for c in local[layer, head, j])
+                             for j, job in enumerate(JOB_TESTS)}}
             best = max(JOBS, key=lambda job: row[job] - max(baselines[job]))
             base = max(baselines[best])
-            earned = (row[best] >= margin * base and row[best] - base >= min_excess
-                      and row["cost"] >= min_cost)
-            row["job"] = best if earned else "no clear job"
+            where, against = row["tests"].get(best, (None, None))
+            checks = {"score": row[best] >= margin * base and row[best] - base >= min_excess,
+                      "zeroing": row["cost"] >= min_cost,
+                      "job": where is None or where >= margin * against}
+            row["candidate"] = best
+            row["fails"] = [test for test, ok in checks.items() if not ok]
+            row["job"] = "no clear job" if row["fails"] else best
             rows.append(row)
     return rows
