@@ -267,14 +267,21 @@ def test_cache_misuse():
 
 def test_cache_speedup_rows():
     model = _model(17, max_len=32)
-    rows = cache_speedup(model, new_tokens=(2, 4), prompt_len=3, repeats=1, progress=False)
-    assert [r["new_tokens"] for r in rows] == [2, 4]
+    rows = cache_speedup(model, lengths=(2, 8), repeats=3, progress=False)
+    assert [r["n"] for r in rows] == [2, 8]
     for r in rows:
-        assert r["same_tokens"] is True
-        assert r["seconds_cache"] > 0 and r["seconds_no_cache"] > 0
-        assert r["speedup"] == pytest.approx(r["seconds_no_cache"] / r["seconds_cache"])
-    with pytest.raises(ValueError, match="exceeds the model's max_len=32"):
-        cache_speedup(model, new_tokens=(40,), progress=False)
+        assert r["same_logits"] is True
+        assert r["cached"].repeats == r["full"].repeats == 3
+        assert 0 < r["cached"].low <= r["cached"].median <= r["cached"].high
+        assert 0 < r["full"].low <= r["full"].median <= r["full"].high
+        assert r["speedup"] == pytest.approx(r["full"].median / r["cached"].median)
+    assert model.training  # put back as it was
+    with pytest.raises(ValueError, match="a step holds 33 tokens, more than the model's max_len"):
+        cache_speedup(model, lengths=(32,), progress=False)
+    with pytest.raises(ValueError, match="lengths must list context lengths of at least 1"):
+        cache_speedup(model, lengths=(), progress=False)
+    with pytest.raises(ValueError, match="repeats must be at least 1, got 0"):
+        cache_speedup(model, lengths=(4,), repeats=0, progress=False)
 
 
 def test_cache_memory_rows():

@@ -1,10 +1,13 @@
 """Chapter 07: what the KV cache buys (time) and what it costs (memory).
 
-    cache_speedup(model, new_tokens=(...))   time greedy generation with and without the cache
-    cache_memory(model, lengths)             the cache's bytes for n tokens next to the weights'
+    cache_speedup(model, lengths=(...))   time one decoding step with and without the cache
+    cache_memory(model, lengths)          the cache's bytes for n tokens next to the weights'
 
-Timings are wall-clock seconds on this machine, the best of `repeats` runs; they differ from
-machine to machine, so notebooks print them in cells marked NBVAL_IGNORE_OUTPUT.
+Generating N tokens repeats one step N times, so the step is what gets timed: with the cache,
+one new token goes through the model and attends over the n tokens stored; without it, all
+n + 1 tokens go through again. Timings are wall-clock on this machine (`time_call`: the median
+of `repeats` runs with the fastest and slowest); they differ from machine to machine, so
+notebooks print them in cells marked NBVAL_IGNORE_OUTPUT.
 """
 
 from __future__ import annotations
@@ -14,53 +17,80 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from course_lib.measure import best_time
+from course_lib.measure import Timing, time_call
 from course_lib.measure import threads as cpu_threads
 from course_lib.models.transformer import TinyTransformer, kv_cache_bytes
 
 
-def time_generation(model: TinyTransformer, prompt: torch.Tensor, new_tokens: int, use_cache: bool,
-                    repeats: int = 3) -> tuple[float, torch.Tensor]:
-    """Best-of-`repeats` seconds for model.generate(prompt, new_tokens, use_cache), and its
-    tokens."""
-    tokens = []
+def cache_speedup(model: TinyTransformer, lengths: Sequence[int] = (16, 64, 256),
+                  repeats: int = 5, seed: int = 0, progress: bool = True,
+                  threads: int | None = 1, sample_seconds: float = 0.02) -> list[dict]:
+    """Time one greedy decoding step at each context length n, with and without the KV cache.
 
-    def run():
-        tokens[:] = [model.generate(prompt, new_tokens, use_cache=use_cache)]
+    with the cache: one token in, n tokens already cached (what `generate` does per step);
+    without: the whole sequence of n + 1 tokens from scratch (`use_cache=False`'s step).
+    Counted in token passes the step without the cache does n + 1 times the work. On the clock
+    each step also pays a cost that does not depend on n (Python, input checks, dozens of small
+    tensor calls per layer), so the measured ratio starts near 1 for short contexts and grows
+    with n only once the n tokens' work outweighs that fixed cost.
 
-    return best_time(run, repeats=repeats, warmup=0), tokens[0]
-
-
-def cache_speedup(model: TinyTransformer, new_tokens: Sequence[int] = (16, 32, 64, 128),
-                  prompt_len: int = 8, repeats: int = 2, seed: int = 0,
-                  progress: bool = True, threads: int | None = 1) -> list[dict]:
-    """Time generation of each number of new tokens with and without the KV cache.
-
-    Returns one dict per length: new_tokens, seconds_no_cache, seconds_cache, speedup, and
-    same_tokens (whether both runs produced identical tokens, which they must). It runs on
-    `threads` CPU threads (None: torch's current setting).
-    Without the cache, step t pushes all prompt_len + t tokens through every layer, so the total
-    work grows like n^2; with it, each step pushes one token, so it grows like n (plus the
-    attention over the stored keys). The ratio therefore grows with the generated length.
+    Returns one dict per n: n, cached and full (`Timing`s of the two steps, in seconds),
+    speedup (the ratio of their medians) and same_logits (whether the two steps' next-token
+    logits agree to 1e-4, which they must). Each of the `repeats` timed samples of a step runs
+    it as often as fits in about `sample_seconds` and keeps the time per call. Runs on `threads`
+    CPU threads (None: torch's current setting).
     """
-    if not new_tokens:
-        raise ValueError("new_tokens must list at least one length to time")
-    longest = prompt_len + max(new_tokens)
-    if longest > model.max_len:
-        raise ValueError(f"prompt_len={prompt_len} + max(new_tokens)={max(new_tokens)} = {longest} "
-                         f"exceeds the model's max_len={model.max_len}")
+    lengths = [int(n) for n in lengths]
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"lengths must list context lengths of at least 1 token, got {lengths}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if max(lengths) + 1 > model.max_len:
+        raise ValueError(f"lengths go up to n={max(lengths)}, so a step holds {max(lengths) + 1} "
+                         f"tokens, more than the model's max_len={model.max_len}")
     g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.vocab_size, (1, prompt_len), generator=g)
+    tokens = torch.randint(0, model.vocab_size, (1, max(lengths) + 1), generator=g)
+    was_training = model.training
+    model.eval()
+    steps, same = {}, {}
+    with cpu_threads(threads), torch.no_grad():  # tiny matmuls gain nothing from more threads
+        for n in lengths:
+            seq, new = tokens[:, :n + 1], tokens[:, n:n + 1]  # (1, n + 1); its last token
+            cache = model.new_cache(batch=1, capacity=n + 1)
+            model(seq[:, :n], cache=cache)                    # prefill: n tokens stored
+
+            def cached(cache=cache, new=new, n=n):
+                cache.length = n                              # forget the previous step's token
+                return model(new, cache=cache)[:, -1]         # (1, vocab)
+
+            def full(seq=seq):
+                return model(seq)[:, -1]                      # (1, vocab): all n + 1 again
+
+            steps[n] = {"cached": cached, "full": full}
+            same[n] = bool(torch.allclose(cached(), full(), atol=1e-4))
+        # A timed sample runs a step `calls` times in a row, enough for about `sample_seconds`,
+        # and keeps the time per call: a step of a few ms is otherwise fast or twice as slow
+        # depending on where a busy machine's scheduler cuts its time slices.
+        calls = {(n, kind): max(1, round(sample_seconds / time_call(fn, 1, warmup=0).median))
+                 for n in lengths for kind, fn in steps[n].items()}
+        # Rounds: every cached step, then every full step, `repeats` times. A busy spell of the
+        # machine then slows a whole group alike instead of one length, and the cached steps do
+        # not run right after a full pass, which pushes the weights out of the CPU's caches
+        # (one untimed cached step warms them again).
+        samples = {key: [] for key in calls}
+        for _ in tqdm(range(repeats), desc="timing decoding steps", disable=not progress):
+            for kind in ("cached", "full"):
+                steps[lengths[0]][kind]()
+                for n in lengths:
+                    fn, k = steps[n][kind], calls[n, kind]
+                    burst = time_call(lambda fn=fn, k=k: [fn() for _ in range(k)], 1, warmup=0)
+                    samples[n, kind].append(burst.median / k)
+    model.train(was_training)
     rows = []
-    with cpu_threads(threads):  # tiny matmuls gain nothing from more threads
-        model.generate(prompt, 2, use_cache=True)  # warm-up: first calls pay one-off costs
-        model.generate(prompt, 2, use_cache=False)
-        for n in tqdm(new_tokens, desc="timing generate()", disable=not progress):
-            slow, slow_tokens = time_generation(model, prompt, n, use_cache=False, repeats=repeats)
-            fast, fast_tokens = time_generation(model, prompt, n, use_cache=True, repeats=repeats)
-            rows.append({"new_tokens": int(n), "seconds_no_cache": slow, "seconds_cache": fast,
-                         "speedup": slow / fast,
-                         "same_tokens": torch.equal(slow_tokens, fast_tokens)})
+    for n in lengths:
+        t_cached, t_full = Timing.of(samples[n, "cached"]), Timing.of(samples[n, "full"])
+        rows.append({"n": n, "cached": t_cached, "full": t_full,
+                     "speedup": t_full.median / t_cached.median, "same_logits": same[n]})
     return rows
 
 
