@@ -54,9 +54,17 @@ def test_crossover():
 def test_layer_runs_and_time_parts_reports_shares():
     layer = Layer(16, 2)
     assert layer(torch.randn(2, 5, 16)).shape == (2, 5, 16)
-    rows = time_parts([16, 32], d_model=16, num_heads=2, repeats=1)
+    rows = time_parts([16, 32], d_model=16, num_heads=2, repeats=3)
     assert [r["n"] for r in rows] == [16, 32]
     assert all(0 < r["share"] < 1 and r["attention"] > 0 for r in rows)
+    for r in rows:
+        for part in ("projections", "mlp", "attention"):
+            t = r["timings"][part]
+            assert t.repeats == 3 and t.low <= t.median == r[part] <= t.high
+        total = r["projections"] + r["mlp"] + r["attention"]
+        assert r["share"] == pytest.approx(r["attention"] / total)
+    with pytest.raises(ValueError, match="repeats must be at least 1, got 0"):
+        time_parts([16], d_model=16, num_heads=2, repeats=0)
 
 
 def test_bad_inputs():

@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib.attention import scaled_dot_product_attention
 from course_lib.masks import causal_mask
-from course_lib.measure import threads, time_call
+from course_lib.measure import Timing, threads, time_call
 from course_lib.multihead import MultiHeadAttention, merge_heads, split_heads
 from course_lib.validate import check_count
 
@@ -127,25 +127,30 @@ def crossover_from_counts(d_model: int, num_heads: int, d_mlp: int | None = None
 @torch.no_grad()
 def time_parts(lengths, d_model: int = 128, num_heads: int = 2, d_mlp: int | None = None,
                repeats: int = 5, seed: int = 0, num_threads: int | None = 1) -> list[dict]:
-    """Wall time (the median of `repeats` runs, seconds) of a real `Layer`'s parts, per n.
+    """Wall time of a real `Layer`'s parts, per n: the median of `repeats` runs, in seconds.
 
     projections: the Q, K, V and output maps; mlp: the MLP; attention: scores, mask, softmax and
     blend (chapter 02's scaled_dot_product_attention on the heads). One row per n with those
-    three times and attention's share of their sum. LayerNorms and residual adds are left out.
-    Runs on `num_threads` CPU threads (None: torch's current setting). A part stops repeating
-    once its runs have taken a second (a slow machine gets fewer runs, not a longer wait).
+    three medians, attention's share of their sum, and `timings`: each part's `Timing` (median,
+    fastest, slowest). The parts take turns within each repeat, so a busy spell of the machine
+    slows all three alike. LayerNorms and residual adds are left out. Runs on `num_threads` CPU
+    threads (None: torch's current setting).
     """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     torch.manual_seed(seed)
     layer = Layer(d_model, num_heads, d_mlp).eval()
     rows = []
     with threads(num_threads):
         for n in lengths:
-            times = _time_one(layer, check_count(n, "n"), num_heads, repeats)
-            rows.append({"n": int(n), **times, "share": times["attention"] / sum(times.values())})
+            timings = _time_one(layer, check_count(n, "n"), num_heads, repeats)
+            medians = {part: t.median for part, t in timings.items()}
+            share = medians["attention"] / sum(medians.values())
+            rows.append({"n": int(n), **medians, "share": share, "timings": timings})
     return rows
 
 
-def _time_one(layer: Layer, n: int, num_heads: int, repeats: int) -> dict[str, float]:
+def _time_one(layer: Layer, n: int, num_heads: int, repeats: int) -> dict[str, Timing]:
     attn = layer.attn
     x = torch.randn(1, n, attn.d_model)                                  # (1, n, d)
     mask = causal_mask(n)
@@ -155,7 +160,12 @@ def _time_one(layer: Layer, n: int, num_heads: int, repeats: int) -> dict[str, f
     def projections():
         return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), attn.out_proj(heads)
 
-    return {"projections": time_call(projections, repeats=repeats, max_seconds=1.0).median,
-            "mlp": time_call(lambda: layer.mlp(x), repeats=repeats, max_seconds=1.0).median,
-            "attention": time_call(lambda: scaled_dot_product_attention(q, k, v, mask),
-                                   repeats=repeats, max_seconds=1.0).median}
+    parts = {"projections": projections, "mlp": lambda: layer.mlp(x),
+             "attention": lambda: scaled_dot_product_attention(q, k, v, mask)}
+    samples = {part: [] for part in parts}
+    for fn in parts.values():                                           # warm-up
+        fn()
+    for _ in range(repeats):
+        for part, fn in parts.items():
+            samples[part].append(time_call(fn, repeats=1, warmup=0).median)
+    return {part: Timing.of(times) for part, times in samples.items()}
