@@ -81,6 +81,111 @@ class _Binds(ast.NodeVisitor):
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_Lambda
 
 
+class _Reads(ast.NodeVisitor):
+    """The names a cell reads before it binds them itself, in the order Python runs it (an
+    assignment's value before its targets, a loop's iterable before its target, a
+    comprehension's generators before its element); a lambda's arguments and a comprehension's
+    targets are its own. Only these can come from an earlier cell."""
+
+    def __init__(self):
+        self.bound: set[str] = set()
+        self.names: set[str] = set()
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load):
+            if node.id not in self.bound:
+                self.names.add(node.id)
+        else:
+            self.bound.add(node.id)
+
+    def visit_Assign(self, node):
+        self.visit(node.value)
+        for target in node.targets:
+            self.visit(target)
+
+    def visit_AnnAssign(self, node):
+        if node.value is not None:
+            self.visit(node.value)
+        self.visit(node.target)
+
+    def visit_AugAssign(self, node):
+        self.visit(node.value)
+        if isinstance(node.target, ast.Name) and node.target.id not in self.bound:
+            self.names.add(node.target.id)  # x += 1 reads x first
+        self.visit(node.target)
+
+    def visit_For(self, node):
+        self.visit(node.iter)
+        self.visit(node.target)
+        for child in node.body + node.orelse:
+            self.visit(child)
+
+    def _scope(self, visit):
+        """Run `visit` in a scope of its own: what it binds stays inside."""
+        outer = set(self.bound)
+        visit()
+        self.bound = outer
+
+    def visit_FunctionDef(self, node):
+        for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
+            self.visit(default)
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+
+        def body():
+            args = node.args
+            for a in args.posonlyargs + args.args + args.kwonlyargs:
+                self.bound.add(a.arg)
+            for a in (args.vararg, args.kwarg):
+                if a is not None:
+                    self.bound.add(a.arg)
+            for child in node.body:
+                self.visit(child)
+
+        self._scope(body)
+        self.bound.add(node.name)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node):
+        for base in node.bases + node.decorator_list:
+            self.visit(base)
+        self._scope(lambda: [self.visit(child) for child in node.body])
+        self.bound.add(node.name)
+
+    def _comprehension(self, node, *parts):
+        self._scope(lambda: self._generators(node, parts))
+
+    def _generators(self, node, parts):
+        for gen in node.generators:
+            self.visit(gen.iter)
+            self.visit(gen.target)
+            for test in gen.ifs:
+                self.visit(test)
+        for part in parts:
+            self.visit(part)
+
+    def visit_ListComp(self, node):
+        self._comprehension(node, node.elt)
+
+    visit_SetComp = visit_GeneratorExp = visit_ListComp
+
+    def visit_DictComp(self, node):
+        self._comprehension(node, node.key, node.value)
+
+    def visit_Lambda(self, node):
+        def body():
+            args = node.args
+            for a in args.posonlyargs + args.args + args.kwonlyargs:
+                self.bound.add(a.arg)
+            for a in (args.vararg, args.kwarg):
+                if a is not None:
+                    self.bound.add(a.arg)
+            self.visit(node.body)
+
+        self._scope(body)
+
+
 def explorer_slice(sources: list[str]) -> list[int]:
     """The code cells (indices into `sources`) an explorer needs: the first (the set-up), each
     explorer's, and, transitively, the last cell before a needed one that binds a name it reads
@@ -91,8 +196,9 @@ def explorer_slice(sources: list[str]) -> list[int]:
         found = _Binds()
         found.visit(tree)
         binds.append(found.names)
-        reads.append({n.id for n in ast.walk(tree)
-                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)})
+        read = _Reads()
+        read.visit(tree)
+        reads.append(read.names)
     needed = {0} | {i for i, source in enumerate(sources) if is_explorer(source)}
     todo = sorted(needed)
     while todo:
