@@ -126,23 +126,23 @@ class _Reads(ast.NodeVisitor):
         visit()
         self.bound = outer
 
+    def _arguments(self, args, body):
+        """A function's or lambda's body, in its own scope, with its arguments bound there."""
+        def run():
+            for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
+                if a is not None:
+                    self.bound.add(a.arg)
+            for child in body:
+                self.visit(child)
+
+        self._scope(run)
+
     def visit_FunctionDef(self, node):
         for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
             self.visit(default)
         for decorator in node.decorator_list:
             self.visit(decorator)
-
-        def body():
-            args = node.args
-            for a in args.posonlyargs + args.args + args.kwonlyargs:
-                self.bound.add(a.arg)
-            for a in (args.vararg, args.kwarg):
-                if a is not None:
-                    self.bound.add(a.arg)
-            for child in node.body:
-                self.visit(child)
-
-        self._scope(body)
+        self._arguments(node.args, node.body)
         self.bound.add(node.name)
 
     visit_AsyncFunctionDef = visit_FunctionDef
@@ -174,16 +174,7 @@ class _Reads(ast.NodeVisitor):
         self._comprehension(node, node.key, node.value)
 
     def visit_Lambda(self, node):
-        def body():
-            args = node.args
-            for a in args.posonlyargs + args.args + args.kwonlyargs:
-                self.bound.add(a.arg)
-            for a in (args.vararg, args.kwarg):
-                if a is not None:
-                    self.bound.add(a.arg)
-            self.visit(node.body)
-
-        self._scope(body)
+        self._arguments(node.args, [node.body])
 
 
 def explorer_slice(sources: list[str]) -> list[int]:
