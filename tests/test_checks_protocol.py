@@ -390,3 +390,34 @@ def test_the_grader_judges_the_commit_the_notebook_recorded():
     got = predictions.judge_record(ch01.temperature_prediction, "ch01_temperature_test", cells,
                                    info, [])
     assert not got.passed and "ran (at [3]) before your commit (at [4])" in got.message
+
+
+def test_judges_in_threads_of_one_process_run_one_at_a_time():
+    """The grader judges submissions from threads; judges measure with torch's process-wide
+    profiler and FLOP counter, so two must never overlap (two chapter 08 submissions at once
+    once crashed the grader)."""
+    from course_lib.checks._judging import _guarded
+
+    inside, overlaps, start = [], [], threading.Barrier(2)
+
+    def judge(cases, outcomes):
+        overlaps.append(bool(inside))
+        inside.append(1)
+        threading.Event().wait(0.05)
+        inside.pop()
+        return "ok"
+
+    guarded = _guarded(judge, "judge")
+    outcome = [{"ok": 1}]
+
+    def run():
+        start.wait()
+        for _ in range(3):
+            guarded([None], outcome)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert overlaps == [False] * 6

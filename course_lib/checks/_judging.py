@@ -4,6 +4,7 @@ Named mistakes (`named_mistake`, `expected`) are `_mistakes`; comparing tensors 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,13 @@ def each(cases: list, outcomes: list):
         yield case, value(outcome)
 
 
+# One judge at a time in a process. The grader judges several submissions from threads of one
+# process, and judges measure with torch's process-wide machinery (the profiler behind
+# `peak_bytes`, FlopCounterMode, the current check that `named_mistake` reads): two at once
+# crashed the grader (chapter 08, two submissions) and could count one's FLOPs in the other.
+_ONE_JUDGE = threading.RLock()
+
+
 def _reference_of(failure: CheckFailure) -> dict:
     return {"reference": failure.reference} if isinstance(failure, ReferenceCall) else {}
 
@@ -50,7 +58,7 @@ def _guarded(judge: Callable[[list, list], str], name: str,
                                f"({len(outcomes) if isinstance(outcomes, list) else '?'} results "
                                f"for {len(cases)} cases).")
         try:
-            with judging(check):
+            with _ONE_JUDGE, judging(check):
                 message = judge(cases, outcomes)
         except CheckFailure:
             raise
