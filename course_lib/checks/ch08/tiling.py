@@ -9,6 +9,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import course_lib.flash.tiled as tiled
@@ -29,7 +30,7 @@ SOLUTION = "solutions/08_efficient_kernel.ipynb"
 # What the grading kernel keeps of this module (course_tools/grader/strip.py; pinned by
 # tests/test_grading_stripped.py): what the checks' run= needs, and no answer to any
 # exercise. A new name here is a review.
-KERNEL_HALF = ("_tiled_run", "_warm_flop_counter")
+KERNEL_HALF = ("_tiled_run", "_warm_flop_counter", "_Products")
 
 
 # ---------------------------------------------------------------- exercise 1
@@ -191,6 +192,28 @@ def _tiled_cases(seed: int, hidden: bool) -> list:
     return cases + [{"q": q, "k": k, "v": v, "block_size": MEMORY_BLOCK, "measure": "memory"}]
 
 
+class _Products(TorchDispatchMode):
+    """Records the widest matrix product an answer runs, as torch's dispatcher sees it (every
+    `@`, `matmul`, `einsum` or `bmm` arrives as one of these operators, however it was spelled):
+    a tiled loop multiplies tiles, so no dimension of its products exceeds the block."""
+
+    OPS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+           torch.ops.aten.baddbmm.default}
+
+    def __init__(self):
+        super().__init__()
+        self.widest = [0, 0, 0]          # (rows, inner, columns) of the widest product seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.OPS:
+            a, b = (args[1], args[2]) if func in (torch.ops.aten.addmm.default,
+                                                   torch.ops.aten.baddbmm.default) else args[:2]
+            shape = [int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])]
+            if max(shape) > max(self.widest):
+                self.widest = shape
+        return func(*args, **(kwargs or {}))
+
+
 def _tiled_run(fn, case):
     args = (case["q"], case["k"], case["v"], case["block_size"])
     if case["measure"] is None:
@@ -201,9 +224,9 @@ def _tiled_run(fn, case):
 
         peak = peak_bytes(lambda: box.append(call(fn, *args, name="causal_tiled")))
         return {"peak": peak, "out": box[0] if box else None}
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as counter, _Products() as products:
         out = call(fn, *args, name="causal_tiled")
-    return {"flops": counter.get_total_flops(), "out": out}
+    return {"flops": counter.get_total_flops(), "widest": products.widest, "out": out}
 
 
 @function_check(2, run=_tiled_run, cases=_tiled_cases,
@@ -217,13 +240,14 @@ def _tiled_run(fn, case):
             partial(_tiled_reference, causal=False), atol=1e-9, rtol=1e-7, on=_tiled_out),
 ))
 def causal_tiled(cases: list, outcomes: list) -> str:
-    peak = flops = None
+    peak = flops = widest = None
     for case, got in each(cases, outcomes):
         q, k, v, block = case["q"], case["k"], case["v"], case["block_size"]
         if case["measure"] is not None:
             if not isinstance(got, dict):
                 fail("the measurement of causal_tiled came back malformed.")
             peak, flops = got.get("peak", peak), got.get("flops", flops)
+            widest = got.get("widest", widest)
             got = got.get("out")
         if isinstance(got, tuple) and len(got) == 2:
             got = got[0]  # (out, logsumexp) is fine too
@@ -243,6 +267,21 @@ def causal_tiled(cases: list, outcomes: list) -> str:
     if not isinstance(flops, int) or isinstance(flops, bool) or in_kernel and (
             not isinstance(peak, int) or isinstance(peak, bool)):
         fail("the measurement of causal_tiled came back malformed.")
+    if not (isinstance(widest, list) and len(widest) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in widest)):
+        fail("the measurement of causal_tiled came back malformed.")
+    rows, inner, cols = widest
+    if rows > MEMORY_BLOCK and max(inner, cols) > MEMORY_BLOCK:
+        fail(f"at n = {MEMORY_N} and block_size = {MEMORY_BLOCK}, one of your matrix products is "
+             f"({rows} x {inner}) @ ({inner} x {cols}): the whole score grid at once, not one "
+             "(block x block) tile at a time.")
+    if max(widest) > MEMORY_BLOCK:
+        fail(f"at n = {MEMORY_N} and block_size = {MEMORY_BLOCK}, one of your matrix products is "
+             f"({rows} x {inner}) @ ({inner} x {cols}), wider than a block: each query block "
+             "scores its whole causal prefix at once. That is chunking, not tiling: it needs a "
+             "(block x n) strip of scores at a time. Go over the key blocks one tile at a time, "
+             "and carry the running max, sum and weighted sum from tile to tile (the online "
+             "softmax of exercise 1).")
     if in_kernel and peak >= grid / 2:
         fail(f"with n = {MEMORY_N} and block_size = {MEMORY_BLOCK}, your function had "
              f"{peak / 2**20:.2f} MiB allocated at its peak, about the size of the full "
