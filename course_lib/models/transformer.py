@@ -17,6 +17,9 @@ keys are masked out and positions count from each sequence's first real token, s
 generates exactly what it would alone. (With RoPE, scores depend only on position offsets, so
 shifted positions would change the scores only by rounding; learned absolute positions would
 need the per-sequence count.) `pad_prompts` builds `idx` and `lengths` from lists.
+
+`generate` is greedy unless given a temperature: then it samples (chapter 11,
+`course_lib.decoding`: temperature, top-k, top-p, from a seeded generator).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from course_lib.decoding import check_decoding, check_generator, sample_next
 from course_lib.masks import causal_mask
 from course_lib.models.block import TransformerBlock
 from course_lib.validate import check_count, check_kv_heads, check_lengths, check_token_ids
@@ -210,18 +214,31 @@ class TinyTransformer(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
-                 lengths=None, return_logits: bool = False):
-        """Greedy decoding: append the most likely next token, max_new_tokens times.
+                 lengths=None, return_logits: bool = False, *, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None,
+                 generator: torch.Generator | None = None):
+        """Decoding: append a next token max_new_tokens times, by default the most likely (greedy).
 
         idx: (B, T) token ids, or (T,) for one prompt. For prompts of different lengths, left-pad
         them (`pad_prompts`) and pass `lengths`. Returns (B, T + max_new_tokens) ids (or
         (T + max_new_tokens,)), plus the logits each new token was chosen from,
         (B, max_new_tokens, vocab_size), when return_logits=True. use_cache=False recomputes
         the whole sequence at every step; both give the same tokens.
+
+        Sampling (chapter 11): temperature > 0 draws each token with
+        `course_lib.decoding.sample_next` (then top_k / top_p cut the distribution) from the
+        seeded `generator`; the same seed gives the same tokens. temperature=0 (the default) is
+        greedy, and top_k / top_p are refused there, since they would change nothing.
         """
         one = isinstance(idx, torch.Tensor) and idx.ndim == 1
         idx = self._check_idx(idx[None] if one else idx)
         max_new_tokens = check_count(max_new_tokens, "max_new_tokens", minimum=0)
+        temperature, top_k, top_p = check_decoding(temperature, top_k, top_p, self.vocab_size)
+        if temperature == 0 and (top_k is not None or top_p is not None):
+            raise ValueError(f"top_k={top_k} and top_p={top_p} change nothing at temperature=0 "
+                             "(greedy always keeps the argmax); pass temperature > 0 to sample")
+        if temperature > 0:
+            check_generator(generator)
         B, T = idx.shape
         if T + max_new_tokens > self.max_len:
             raise ValueError(f"prompt of T={T} tokens + max_new_tokens={max_new_tokens} = "
@@ -236,7 +253,8 @@ class TinyTransformer(nn.Module):
         logits = self(idx, lengths, cache)[:, -1]  # (B, vocab): prefill the prompt
         for step in range(max_new_tokens):
             steps.append(logits)
-            next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1), greedy
+            next_id = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                  generator=generator)[:, None]  # (B, 1); greedy at T = 0
             idx = torch.cat([idx, next_id], dim=1)  # (B, T + step + 1)
             if step == max_new_tokens - 1:
                 break
