@@ -18,6 +18,11 @@ back from the submitted notebook (`parse_records`, course_tools/grader/predictio
 the recorded value instead of whatever the answer cell holds now, and compares the record's
 execution count with those of the cells that reveal the answer (`reveals`).
 
+On the course's hub (`_hub`), the first commit is also sent to the hub's service, which keeps
+the first one it gets with its own clock; the kernel then shows and judges the value the hub
+kept, so a restart or a second kernel changes nothing, and grading a hub collection judges the
+hub's record instead of the notebook's line. Off the hub nothing is sent.
+
 An experiment never prints its reference number: it is a `function_check` on the learner's
 `measure(seed)`, which the grader calls on hidden seeds (see `seeds_cases`), with feedback that
 gives a direction only.
@@ -31,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from course_lib.checks import _hub
 from course_lib.checks._check import Check
 from course_lib.checks._core import CheckFailure, fail
 from course_lib.checks._declare import _declared
@@ -73,6 +79,16 @@ def record_line(name: str, at: int | None, value: Any) -> str:
             f"do not change it): {value!r}")
 
 
+def plain_literal(text: str) -> Any:
+    """A recorded value read back from its repr without running code (ValueError if not)."""
+    if not isinstance(text, str) or len(text) > MAX_RECORD_CHARS:
+        raise ValueError("not a recorded value")
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise ValueError("not a recorded value") from None
+
+
 def parse_records(text: str) -> dict[str, tuple[int | None, Any]]:
     """name -> (execution count, value) of every record line in a cell's output text (the
     first per name). Values are read with `ast.literal_eval` (no code runs) and bounded."""
@@ -82,8 +98,8 @@ def parse_records(text: str) -> dict[str, tuple[int | None, Any]]:
         if not m or m.group(1) in found or len(m.group(3)) > MAX_RECORD_CHARS:
             continue
         try:
-            value = ast.literal_eval(m.group(3))
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = plain_literal(m.group(3))
+        except ValueError:
             continue
         found[m.group(1)] = (int(m.group(2)) if m.group(2).isdigit() else None, value)
     return found
@@ -94,7 +110,11 @@ def commit(check_id: str, value: Any, read: Callable[[Any], Any]) -> dict:
     `read` refuses is not a commit), and hand back the record."""
     if check_id not in _RECORDS:
         read(value)  # raises CheckFailure naming what to write: no record is made
-        _RECORDS[check_id] = {"value": _plain(value), "at": _execution_count(), "first": True}
+        record = {"value": _plain(value), "at": _execution_count(), "first": True}
+        kept = _hub.commit(check_id, record["value"])  # on the hub: its first one wins
+        if kept is not None:
+            record.update(value=kept["value"], first=kept["first"], hub=True)
+        _RECORDS[check_id] = record
     else:
         _RECORDS[check_id]["first"] = False
     return dict(_RECORDS[check_id])
@@ -107,6 +127,14 @@ def announce(check: Check, outcomes: list) -> None:
     if isinstance(outcome, dict) and isinstance(outcome.get("ok"), dict):
         rec = outcome["ok"]
         print(record_line(check.name, rec.get("at"), rec.get("value")))
+        if rec.get("hub"):
+            print("📌 Kept by the hub: " + ("this is your first commit; grading judges it."
+                                           if rec.get("first") else
+                                           "your first commit, from an earlier run; later "
+                                           "commits change nothing."))
+
+
+_hub.install()  # on the hub: report check cells' results, and reveals (inert elsewhere)
 
 
 def forget(check_id: str | None = None) -> None:

@@ -70,7 +70,7 @@ def grade_one(path: Path, sources: dict[str, Source], settings: Settings, *,
     reached = reach_plan(plan.cells, imported_names(setup_sources(source))) if hidden else {}
     run = run_submission(Path(path).name, data, plan, settings)
     if hidden:  # predictions are judged on what the submission recorded (predictions.py)
-        run.verdicts = predictions.review(nb, plan, run.verdicts)
+        run.verdicts = predictions.review(nb, plan, run.verdicts, path=path)
     problem = environment_problem(plan, run, timeout=settings.timeout,
                                   memory_mb=settings.memory_mb, grader_lib=settings.course_lib,
                                   python_path=settings.given_path)

@@ -11,11 +11,22 @@ replaces it with what the submitted notebook recorded, and fails the commit when
   count in the submission is lower than the record's.
 
 One hook in the pipeline calls it, between the run and the score:
-`run.verdicts = predictions.review(nb, plan, run.verdicts)`.
+`run.verdicts = predictions.review(nb, plan, run.verdicts, path=path)`.
+
+A hand-in from the course's hub is judged on the hub's record instead (`from_service`, which
+`course grade` of a hub collection sets up: course_tools/hub/collection.py): the value the
+hub's service kept at the learner's first commit, and the service's times of that commit and of
+the first run of each cell that reveals the answer. The notebook's record lines are then not
+read at all, so a hand-edited output, a restart or a second kernel changes nothing; no commit
+on the hub's record is no commit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from course_tools.grader.probes import Verdict
@@ -75,10 +86,63 @@ def judge_record(check: Any, gid: str, cells: dict[str, dict], info: dict,
     return Verdict(not flags, str(message), flags)
 
 
-def review(nb: Any, plan: Any, verdicts: dict[int, Verdict]) -> dict[int, Verdict]:
-    """The probes' verdicts with every committing check judged on the submission's record."""
+_SERVICE: dict[str, dict] = {}   # resolved submission path -> its learner's record on the hub
+_SERVICE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def from_service(records: dict[Path, dict]):
+    """While inside, judge each of these submissions' commits on the hub's record of its
+    learner ({"commits": {check id: {"value": repr, "t": time}}, "reveals": {grade_id: t}})."""
+    keys = {str(Path(p).resolve()): r for p, r in records.items()}
+    with _SERVICE_LOCK:
+        _SERVICE.update(keys)
+    try:
+        yield
+    finally:
+        with _SERVICE_LOCK:
+            for k in keys:
+                _SERVICE.pop(k, None)
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + " UTC"
+
+
+def judge_service(check: Any, record: dict, info: dict, flags: list[str]) -> Verdict:
+    """The verdict on one committing check from the hub's record of the learner."""
+    from course_lib.checks import CheckFailure
+    from course_lib.checks._predict import plain_literal
+
+    kept = (record.get("commits") or {}).get(check.id)
+    try:
+        committed, at = plain_literal(kept["value"]), float(kept["t"])
+    except (TypeError, KeyError, ValueError):
+        return Verdict(False, f"{check.name}: the hub holds no commit of it (the check cell's "
+                       "first run on the hub records it; run it once, before anything shows "
+                       "the result)", flags)
+    for reveal in info.get("reveals", ()):
+        shown = (record.get("reveals") or {}).get(reveal)
+        if isinstance(shown, (int, float)) and shown < at:
+            return Verdict(False, f"{check.name}: the cell `{reveal}` that shows the result ran "
+                           f"(at {_clock(shown)}) before your commit (at {_clock(at)}), by the "
+                           "hub's clock", flags)
+    outcome = [{"ok": {"value": committed, "at": None, "first": True}}]
+    try:
+        message = check.judge([None], outcome)
+    except CheckFailure as e:
+        return Verdict(False, str(e), flags)
+    return Verdict(not flags, str(message), flags)
+
+
+def review(nb: Any, plan: Any, verdicts: dict[int, Verdict],
+           path: Any = None) -> dict[int, Verdict]:
+    """The probes' verdicts with every committing check judged on the submission's record (the
+    hub's, for a submission `from_service` names)."""
     from course_lib.checks import commit_info
 
+    with _SERVICE_LOCK:
+        service = _SERVICE.get(str(Path(path).resolve())) if path is not None else None
     cells = None
     out = dict(verdicts)
     for i, cell in enumerate(plan.cells):
@@ -88,7 +152,10 @@ def review(nb: Any, plan: Any, verdicts: dict[int, Verdict]) -> dict[int, Verdic
         info = commit_info(call.check.id)
         if info is None:
             continue
-        cells = submitted(nb) if cells is None else cells
         flags = list(verdicts[i].flags) if i in verdicts else []
+        if service is not None:
+            out[i] = judge_service(call.check, service, info, flags)
+            continue
+        cells = submitted(nb) if cells is None else cells
         out[i] = judge_record(call.check, cell.grade_id, cells, info, flags)
     return out

@@ -6,6 +6,8 @@ A collection is a folder the hub's hand-in service writes (`handin.py`), one fol
     collection/ana/2026-12-01T20-30-05.123456Z_01_soft_dictionary.ipynb
     collection/ana/2026-12-01T20-41-17.004211Z_01_soft_dictionary.ipynb   # a second hand-in
 
+    collection/.records/ana.jsonl     # what the hub recorded while ana worked (records.py)
+
 Nothing is ever overwritten: every hand-in is a new file named by its UTC time (microseconds,
 so names sort in time order). `course grade collection/` grades each learner's latest hand-in of
 each notebook through the grader's pipeline (sandboxed as any `course grade`) and reports by
@@ -118,11 +120,19 @@ def is_collection(path: Path) -> bool:
 
 
 def grade_collection(root: Path, **grade_options):
-    """Grade each learner's latest hand-ins; -> [(Handin, count, SubmissionResult)]."""
+    """Grade each learner's latest hand-ins; -> [(Handin, count, SubmissionResult)].
+
+    Predictions are judged on the hub's record of each learner (records.py: the first commit
+    the service kept, with its clock's times), not on the record lines in the hand-in."""
+    from course_tools.grader import predictions
     from course_tools.grader.pipeline import grade
+    from course_tools.hub.records import Records
 
     latest = Collection(root).latest()
-    results = grade([h.path for h, _ in latest], **grade_options) if latest else []
+    records = Records(root)
+    kept = {h.path: records.for_grading(h.learner) for h, _ in latest}
+    with predictions.from_service(kept):
+        results = grade([h.path for h, _ in latest], **grade_options) if latest else []
     by_path = {r.submission: r for r in results}
     return [(h, n, by_path[str(h.path)]) for h, n in latest]
 

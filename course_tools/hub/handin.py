@@ -9,6 +9,14 @@ it only through this service and never read it.
 
     POST /services/handin/?name=04_masking.ipynb   body: the notebook   -> the stored hand-in
     GET  /services/handin/                         -> the learner's own hand-ins
+
+While they work, the learner's kernel reports to the same service, with the same token
+(`course_lib/checks/_hub.py`; kept in `records.py`, the service's clock on every entry):
+
+    POST /services/handin/checks   {"exercise", "passed", "mistake", "notebook"}  a check ran
+    POST /services/handin/commits  {"check", "value"}   a prediction's first commit (first wins)
+    POST /services/handin/reveals  {"cell"}             a cell that shows an answer ran (first)
+    GET  /services/handin/records                       the learner's own record, nobody else's
 """
 
 from __future__ import annotations
@@ -20,9 +28,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from course_tools.hub.collection import Collection
+from course_tools.hub.records import RecordError, Records
 
 MAX_MB = 16           # a notebook with its figures is 0.1-3 MB
 MAX_HANDINS = 200     # per learner: bounds the disk a learner's loop could fill
+MAX_REPORT_BYTES = 8192   # one check result or commit
 
 
 def _handler_class():
@@ -30,9 +40,9 @@ def _handler_class():
     from tornado import web
     from tornado.log import app_log
 
-    class HandinHandler(HubAuthenticated, web.RequestHandler):
-        def initialize(self, collection: Collection, hub_auth=None):
-            self.collection = collection
+    class LearnerHandler(HubAuthenticated, web.RequestHandler):
+        def initialize(self, collection: Collection, records: Records, hub_auth=None):
+            self.collection, self.records = collection, records
             if hub_auth is not None:  # the tests' stand-in for the hub
                 self.hub_auth = hub_auth
 
@@ -54,6 +64,7 @@ def _handler_class():
                 reason = exc.log_message % exc.args if exc.args else exc.log_message
             self.finish(json.dumps({"error": reason}))
 
+    class HandinHandler(LearnerHandler):
         @web.authenticated
         def get(self):
             learner = self._learner()
@@ -83,15 +94,59 @@ def _handler_class():
             self._reply(201, {"learner": learner, "notebook": name,
                               "handed_in": handin.handed_in, "count": len(same)})
 
-    return HandinHandler
+    class RecordHandler(LearnerHandler):
+        """What the learner's kernel reports: one JSON object; -> what the records keep."""
+
+        def _body(self) -> dict:
+            if len(self.request.body) > MAX_REPORT_BYTES:
+                raise web.HTTPError(413, f"a report is at most {MAX_REPORT_BYTES} bytes")
+            try:
+                body = json.loads(self.request.body)
+            except ValueError:
+                body = None
+            if not isinstance(body, dict):
+                raise web.HTTPError(400, "send one JSON object")
+            return body
+
+        @web.authenticated
+        def get(self, what):
+            if what != "records":
+                raise web.HTTPError(405)
+            learner = self._learner()
+            state = self.records.state(learner)
+            self._reply(200, {"learner": learner, **self.records.for_grading(learner),
+                              "checks": state["checks"][-200:]})
+
+        @web.authenticated
+        def post(self, what):
+            learner = self._learner()
+            body = self._body()
+            try:
+                if what == "checks":
+                    kept = self.records.check(learner, body.get("exercise"), body.get("passed"),
+                                              body.get("mistake") or "", body.get("notebook") or "")
+                elif what == "commits":
+                    kept = self.records.commit(learner, body.get("check"), body.get("value"))
+                elif what == "reveals":
+                    kept = self.records.reveal(learner, body.get("cell"))
+                else:
+                    raise web.HTTPError(404, f"no such report: {what}")
+            except RecordError as e:
+                raise web.HTTPError(400, str(e)) from None
+            self._reply(201, {"learner": learner, **kept})
+
+    return HandinHandler, RecordHandler
 
 
 def make_app(collection: Collection, prefix: str, hub_auth=None):
     from tornado import web
 
     prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
-    return web.Application([(prefix, _handler_class(),
-                             {"collection": collection, "hub_auth": hub_auth})])
+    handin, record = _handler_class()
+    args = {"collection": collection, "records": Records(collection.root, create=True),
+            "hub_auth": hub_auth}
+    return web.Application([(prefix, handin, args),
+                            (prefix + r"(checks|commits|reveals|records)", record, args)])
 
 
 def main(argv: list[str] | None = None) -> None:

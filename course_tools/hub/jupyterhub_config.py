@@ -4,11 +4,16 @@
 # package-lock.json), learners log in with FirstUseAuthenticator (the password they choose at
 # their first login is theirs from then on), each gets a server of their own under a system user
 # of their own (spawner.py) with a copy of notebooks/ and exercises/, and hands in with
-# `course submit` to the hand-in service (handin.py), which files it in the collection.
+# `course submit` to the hand-in service (handin.py), which files it in the collection. Every
+# check a learner runs and every prediction's first commit go to the same service while they
+# work (records.py); the instructor's live grid is the room service (room.py, admin only).
+# Over the network the proxy serves HTTPS (launch.py gives it a certificate: the instructor's,
+# or one it generates); plain HTTP on loopback only, or when asked for in so many words.
 #
 # Every setting below can be changed through the environment (`course hub --help` sets these):
 #   COURSE_HUB_DIR      the hub's own folder (database, cookie secret, passwords, collection/)
 #   COURSE_HUB_IP, COURSE_HUB_PORT            where learners connect (127.0.0.1:8000)
+#   COURSE_HUB_SSL_CERT, COURSE_HUB_SSL_KEY   the proxy's TLS certificate and key (PEM files)
 #   COURSE_HUB_ADMINS   comma-separated admin user names (instructor)
 #   COURSE_HUB_HOME_ROOT, COURSE_HUB_USER_PREFIX   learners' homes, system user names
 #   COURSE_HUB_MEM, COURSE_HUB_CPU, COURSE_HUB_IDLE   per-learner limits (2G, 1, 3600 s)
@@ -22,7 +27,7 @@ import socket
 import sys
 from pathlib import Path
 
-from course_tools.hub import COURSE_ROOT, HANDIN_SERVICE
+from course_tools.hub import COURSE_ROOT, HANDIN_SERVICE, ROOM_SERVICE
 
 
 def _env(name, default):
@@ -44,6 +49,9 @@ admins = {a.strip() for a in _env("ADMINS", "instructor").split(",") if a.strip(
 # ---------------------------------------------------------------- the hub and its proxy
 c.JupyterHub.ip = _env("IP", "127.0.0.1")
 c.JupyterHub.port = int(_env("PORT", 8000))
+if _env("SSL_CERT", ""):   # the proxy serves HTTPS with it (launch.py: given, or generated)
+    c.JupyterHub.ssl_cert = _env("SSL_CERT", "")
+    c.JupyterHub.ssl_key = _env("SSL_KEY", "")
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = int(_env("HUB_PORT", 0)) or _free_port()
 c.JupyterHub.db_url = f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}"
@@ -97,6 +105,7 @@ c.JupyterHub.concurrent_spawn_limit = 10
 
 # ---------------------------------------------------------------- hand-in and idle culling
 handin_port = int(_env("HANDIN_PORT", 0)) or _free_port()
+room_port = int(_env("ROOM_PORT", 0)) or _free_port()
 c.Spawner.environment = {
     "COURSE_HANDIN_URL": f"http://127.0.0.1:{handin_port}/services/{HANDIN_SERVICE}/",
 }
@@ -106,12 +115,22 @@ c.JupyterHub.services = [
     {"name": HANDIN_SERVICE, "url": f"http://127.0.0.1:{handin_port}", "display": False,
      "command": [sys.executable, "-m", "course_tools.hub.handin",
                  "--collection", str(collection)]},
+    # the instructor's live grid: behind the hub's login, reachable with the admin's scopes only
+    {"name": ROOM_SERVICE, "url": f"http://127.0.0.1:{room_port}", "display": True,
+     "oauth_no_confirm": True,
+     "command": [sys.executable, "-m", "course_tools.hub.room", "--collection", str(collection)]},
     {"name": "idle-culler",
      "command": [sys.executable, "-m", "jupyterhub_idle_culler",
                  f"--timeout={int(_env('IDLE', 3600))}", "--cull-every=300"]},
 ]
 c.JupyterHub.load_roles = [
+    # learners reach the hand-in service (and report to it), never the room: only the admin
+    # role's `access:services` covers it
     {"name": "user", "scopes": ["self", f"access:services!service={HANDIN_SERVICE}"]},
+    # the instructor's live grid: behind the hub's login, reachable with the admin's scopes only
+    {"name": ROOM_SERVICE, "url": f"http://127.0.0.1:{room_port}", "display": True,
+     "oauth_no_confirm": True,
+     "command": [sys.executable, "-m", "course_tools.hub.room", "--collection", str(collection)]},
     {"name": "idle-culler", "services": ["idle-culler"],
      "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]},
 ]
