@@ -128,19 +128,17 @@ def pod_manifest(learner: str = "ana", values: dict | None = None) -> dict:
     """The pod KubeSpawner would submit for `learner`, as plain data; no cluster needed (nothing
     is sent: KubeSpawner only reads an offline cluster's settings from a temporary file)."""
     import asyncio
-    import os
     import tempfile
+
+    from kubernetes_asyncio.config import kube_config
 
     values = load_values() if values is None else values
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "kubeconfig"
         config.write_text(OFFLINE_KUBECONFIG)
-        before = os.environ.get("KUBECONFIG")
-        os.environ["KUBECONFIG"] = str(config)
+        before = kube_config.KUBE_CONFIG_DEFAULT_LOCATION   # read when KubeSpawner loads it
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(config)
         try:
             return asyncio.run(_manifest(values, learner))
         finally:
-            if before is None:
-                os.environ.pop("KUBECONFIG", None)
-            else:
-                os.environ["KUBECONFIG"] = before
+            kube_config.KUBE_CONFIG_DEFAULT_LOCATION = before
