@@ -58,8 +58,8 @@ PREDICTION_MISTAKES = [
     (check.shuffle_prediction, None, "is None"),
     (check.shuffle_prediction, 3, "should be one of"),
     (check.shuffle_prediction, "rot", "should be one of"),
-    (check.shuffle_why, "a", "moves with it"),
-    (check.shuffle_why, "b", "does not care about the order"),
+    (check.shuffle_why, "b", "not symmetric here"),
+    (check.shuffle_why, "c", "only half of it"),
 ]
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
@@ -132,7 +132,7 @@ def test_shuffle_prediction_is_committed_whatever_it_says(capsys):
     run = check.shuffle_experiment()
     assert run["shuffled"] < 1e-12 < 0.1 < run["same"]
     _predict.forget()
-    check.shuffle_why("c")
+    check.shuffle_why("a")
     _predict.forget()
 
 
