@@ -57,9 +57,9 @@ PREDICTION_MISTAKES = [
     (check.flop_growth, float("nan"), "finite"),
     (check.flop_growth, -1.0, "outside"),
     (check.flop_growth, True, "should be a number"),
-    (check.flop_why, "a", "only the attention part"),
-    (check.flop_why, "b", "only the projections"),
-    (check.flop_why, "c", "FIXED d_model"),
+    (check.flop_why, "a", "not by their"),
+    (check.flop_why, "b", "heads do not read each other"),
+    (check.flop_why, "d", "the other way round"),
 ]
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
