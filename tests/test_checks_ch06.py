@@ -117,7 +117,7 @@ def test_memory_ratio_prediction_and_far_gradient_measurement(capsys):
     assert "you predicted 200,000x" in capsys.readouterr().out
     forget()
     check.predicted_ratio(2048)
-    check.ratio_why("b")
+    check.ratio_why("a")
     check.far_prediction("none")
     far = check.measured_far()
     assert 0.1 < far < 10 and check.measured_far(1.0) < 1e-6  # no longer fading
@@ -128,8 +128,8 @@ def test_memory_ratio_prediction_and_far_gradient_measurement(capsys):
 
 
 @pytest.mark.parametrize("checker, got, words", [
-    (check.ratio_why, "a", "FULL attention's ratio"),
-    (check.ratio_why, "c", "cancel"),
+    (check.ratio_why, "b", "the width cancels"),
+    (check.ratio_why, "c", "ONE layer"),
     (check.ratio_why, "z", "should be one of"),
     (check.far_prediction, "maybe", "should be one of"),
     (check.far_prediction, None, "None"),
