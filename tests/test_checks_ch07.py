@@ -128,8 +128,8 @@ def test_order_prediction_and_measurement(capsys):
 
 
 @pytest.mark.parametrize("checker, got, words", [
-    (check.blind_why, "a", "depends on where the query"),
-    (check.blind_why, "c", "causal mask made it notice"),
+    (check.blind_why, "a", "a fixed mask is not enough"),
+    (check.blind_why, "c", "do not share the weight equally"),
     (check.padded_is_blind, None, "None"),
     (check.padded_is_blind, "no", "True or False"),
     (check.padding_gaps, (0.3, 1.0), "gap_within = 3.00e-01"),
