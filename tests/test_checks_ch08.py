@@ -166,15 +166,15 @@ def test_causal_fraction_prediction_and_measurement(capsys):
     assert "Recorded" in capsys.readouterr().out
     check.causal_fraction(0.56)  # the first commit counts
     assert "you predicted 0.500" in capsys.readouterr().out
-    check.fraction_why("b")
+    check.fraction_why("c")
     check.measured_causal_fraction(torch.tensor(136 / 256))
     assert capsys.readouterr().out.count("✔") == 2
     forget()
 
 
 @pytest.mark.parametrize("checker, got, words", [
-    (check.fraction_why, "a", "skips whole tiles"),
-    (check.fraction_why, "c", "never computed"),
+    (check.fraction_why, "a", "keys of their own block"),
+    (check.fraction_why, "b", "counts what ran"),
     (check.causal_fraction, 1.5, "outside"),
     (check.causal_fraction, None, "None"),
     (check.causal_fraction, "half", "should be a fraction"),
