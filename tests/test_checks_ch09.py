@@ -61,8 +61,8 @@ PREDICTION_MISTAKES = [
     *((check.predicted_crossover, wrong, words) for wrong, words in [
         (None, "None"), ("6144", "positive number"), (-5, "positive number"),
         (math.nan, "positive number"), (True, "positive number")]),
-    (check.crossover_why, "a", "add 8nd²"),
-    (check.crossover_why, "c", "scales with the width"),
+    (check.crossover_why, "a", "once, not squared"),
+    (check.crossover_why, "c", "head count cancels"),
 ]
 REFERENCE_CALLS = [
     (check.grouped_query_attention, lambda q, k, v: course_gqa(q, k, v)[0]),
