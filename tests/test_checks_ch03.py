@@ -58,8 +58,8 @@ PREDICTION_MISTAKES = [
     (check.entropy_prediction, {"unscaled": -1.0, "scaled": 1.5}, "impossible"),
     (check.entropy_prediction, {"unscaled": 0.1, "scaled": 5.0}, "impossible"),
     (check.entropy_prediction, {"unscaled": float("inf"), "scaled": 1.5}, "finite"),
-    (check.entropy_why, "a", "scaled does not mean uniform"),
-    (check.entropy_why, "b", "does not depend on the width alone"),
+    (check.entropy_why, "a", "do not average far above zero"),
+    (check.entropy_why, "c", "does not come from the number of keys"),
 ]
 
 # Answers that hand the work to the course's (or torch's) own implementation: each earns
