@@ -442,6 +442,9 @@ def patched_accuracy(cases: list, outcomes: list) -> str:
     found = {}
     for case, got in each(cases, outcomes):
         what = f"patched_accuracy on the {case['model']} model (side={case['side']!r})"
+        if isinstance(got, (str, bytes)):
+            fail(f"{what} returned text, which could not be read as an accuracy: return one "
+                 "number between 0 and 1.")
         x = read_number(got, what, 0.0, 1.0, kind="an accuracy between 0 and 1")
         want = expected(case)
         if abs(x - want) <= _tolerance(case):
