@@ -145,3 +145,15 @@ def test_every_check_has_tiered_hints_without_code_in_the_first():
               check.patched_accuracy):
         assert len(c.hints) >= 3 and "solutions/11_reading_a_transformer.ipynb" in c.hints[-1]
         assert not any(s in c.hints[0] for s in ("(", "=", "[", "torch", "F."))
+
+
+def test_the_lectures_patch_is_a_stub_in_the_grading_kernel():
+    """The trap watches composition's functions undecorated (their no_grad wrapper is torch's,
+    shared with the allowed stream_before); the strip still finds them, so the grading kernel's
+    course_lib holds neither."""
+    from course_tools.grader import strip
+
+    targets = strip.exercise_targets(["ch11"])
+    assert {"patch_queries_keys", "patching_table"} <= set(
+        targets["course_lib.stacking.composition"])
+    assert "stream_before" not in targets["course_lib.stacking.composition"]

@@ -47,6 +47,7 @@ def _flags(sources, notebook: str, gid: str, answer: str, added: str | None = No
 
 CH02, CH05, CH08 = "02_queries_keys_values.ipynb", "05_multihead.ipynb", "08_efficient_kernel.ipynb"
 CH09, CH10 = "09_paying_less.ipynb", "10_the_transformer.ipynb"
+CH11 = "11_reading_a_transformer.ipynb"
 SOFTMAX_ROWS = "def softmax_rows(scores):\n    return {}\n"
 
 
@@ -124,6 +125,10 @@ def test_the_learners_own_names_and_a_same_named_allowed_function_are_not_flagge
      "TransformerBlock"),
     (CH10, "ch10_block", "class transformer_block(torch.nn.TransformerEncoderLayer):\n"
                          "    pass\n", "TransformerEncoderLayer"),
+    (CH11, "ch11_patch", "from course_lib.multihead import MultiHeadAttention as M\n"
+                         "def patched_block(block, clean, ablated, side):\n"
+                         "    return M.forward(block.attn, block.ln1(clean))\n",
+     "MultiHeadAttention"),
     (CH08, "ch08_flash_backward", (
         "def flash_backward(q, k, v, o, lse, do, block_size):\n"
         "    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))\n"

@@ -45,7 +45,7 @@ SOLUTION = "solutions/11_reading_a_transformer.ipynb"
 # What the grading kernel keeps of this module (course_tools/grader/strip.py; pinned by
 # tests/test_grading_stripped.py): what the checks' run= needs, and no answer to any
 # exercise. A new name here is a review.
-KERNEL_HALF = ("_block_run", "_accuracy_run", "_load_model")
+KERNEL_HALF = ("_block_run", "_answer_run", "_accuracy_run", "_load_model", "_undecorated")
 
 SIDES = ("none", "queries", "keys", "values")
 
