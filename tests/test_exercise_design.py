@@ -266,8 +266,8 @@ DEBUG_BUGS: dict[str, tuple[str, ...]] = {
     "ch09_recurrence": ("reads the state before", "before the token is added",
                         "order of the lines inside the loop"),
     "ch10_ablate": ("zeroes rows of w_o", "rows instead of columns", "w[head * d_head"),
-    "ch11_answer_weight": ("index -1", "-1 wraps", "wraps around", "the last key", "averaged in",
-                           "unscored queries"),
+    "ch11_answer_weight": ("index -1", "-1 wraps", "wraps around to the last",
+                           "unscored queries are averaged", "unscored queries count"),
 }
 
 
