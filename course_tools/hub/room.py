@@ -45,10 +45,13 @@ mistake). <span id="updated">loading...</span></p>
 <h2>Most common mistake per exercise</h2>
 <ul id="common"></ul>
 <script>
+const XSRF = "{xsrf}";
 function minutes(s) { return s < 60 ? s + ' s' : Math.floor(s / 60) + ' min'; }
 function esc(t) { const d = document.createElement('div'); d.textContent = t; return d.innerHTML; }
 async function refresh() {
-  const r = await fetch('state', {credentials: 'same-origin'});
+  // JupyterHub checks a cookie-authenticated fetch for its XSRF token
+  const r = await fetch('state', {credentials: 'same-origin', redirect: 'manual',
+                                  headers: {'X-XSRFToken': XSRF}});
   if (!r.ok) { document.getElementById('updated').textContent = 'error ' + r.status; return; }
   const s = await r.json();
   let html = '<tr><th>learner</th>' + s.exercises.map(
@@ -112,7 +115,9 @@ def _handlers():
                 self.finish(json.dumps(grid(self.records, order=self.order)))
             else:
                 self.set_header("Content-Type", "text/html; charset=utf-8")
-                self.finish(PAGE)
+                token = self.xsrf_token
+                token = token.decode() if isinstance(token, bytes) else str(token)
+                self.finish(PAGE.replace('"{xsrf}"', json.dumps(token)))
 
     return RoomHandler, HubOAuthCallbackHandler
 

@@ -1,4 +1,9 @@
-"""Fixtures for the hub test: a real JupyterHub (`course hub`) on a free 127.0.0.1 port.
+"""Fixtures for the hub test: a real JupyterHub (`course hub`) over HTTPS, off loopback.
+
+The hub listens on the host's end of a veth pair the fixture makes (10.231.N.1), so `course
+hub` serves HTTPS with a certificate it generates for that address; the browser runs in a
+network namespace of its own at the other end (10.231.N.2, `ip netns exec`), so every request
+of the test's learners crosses a network interface, as in a room.
 
 The hub runs as root and starts each learner's server under a system user of its own, so the
 test needs root (as CI has), `useradd`, the proxy (`npm ci` puts configurable-http-proxy in
@@ -26,7 +31,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the browser helpers
-from browser.conftest import _LOCAL, CHROMIUM  # noqa: E402
+from browser.conftest import CHROMIUM  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 HUB_START_TIMEOUT_S = 90
@@ -48,6 +53,9 @@ def why_not() -> str | None:
     if not PROXY.exists() and not shutil.which("configurable-http-proxy"):
         return ("the hub's proxy is not installed (npm ci in the course folder; "
                 "tools/bootstrap.py setup does it when npm is present)")
+    if not shutil.which("ip") or subprocess.run(["ip", "netns", "list"],
+                                                 capture_output=True).returncode != 0:
+        return "the hub test makes a network namespace: it needs iproute2's `ip netns`"
     if not CHROMIUM.exists():
         return f"the hub test needs Chromium at {CHROMIUM} (Debian: apt-get install chromium)"
     try:
@@ -78,14 +86,71 @@ def _processes() -> dict[int, tuple[int, int]]:
 
 
 @dataclass
+class Net:
+    """A network namespace with a veth pair: the hub on `host`, the browser in `ns` at `peer`."""
+
+    ns: str
+    host: str
+    peer: str
+
+    @classmethod
+    def make(cls) -> Net:
+        n = os.getpid() % 250 + 1
+        net = cls(f"cth{os.getpid()}", f"10.231.{n}.1", f"10.231.{n}.2")
+        outer, inner = f"cth{os.getpid()}h", f"cth{os.getpid()}n"
+        steps = [["ip", "netns", "add", net.ns],
+                 ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
+                 ["ip", "link", "set", inner, "netns", net.ns],
+                 ["ip", "addr", "add", f"{net.host}/30", "dev", outer],
+                 ["ip", "link", "set", outer, "up"],
+                 ["ip", "netns", "exec", net.ns, "ip", "addr", "add", f"{net.peer}/30", "dev",
+                  inner],
+                 ["ip", "netns", "exec", net.ns, "ip", "link", "set", inner, "up"],
+                 ["ip", "netns", "exec", net.ns, "ip", "link", "set", "lo", "up"]]
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True)
+            if done.returncode != 0:
+                net.remove()
+                pytest.skip(f"could not make the test's network ({' '.join(step)}): "
+                            f"{done.stderr.strip()}")
+        return net
+
+    def remove(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)  # and its veth
+
+    def run(self, *command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.ns, *command], capture_output=True,
+                              text=True, timeout=timeout)
+
+    def browser(self, folder: Path) -> Path:
+        """Chromium, started inside the namespace (Playwright talks to it over pipes)."""
+        wrapper = folder / "chromium-in-netns"
+        wrapper.write_text(f"#!/bin/sh\nexec ip netns exec {self.ns} {CHROMIUM} \"$@\"\n")
+        wrapper.chmod(0o755)
+        return wrapper
+
+
+@dataclass
 class Hub:
-    url: str                 # http://127.0.0.1:PORT/
+    url: str                 # https://10.231.N.1:PORT/
     hub_dir: Path            # database, passwords, collection/
     home_root: Path          # learners' homes: home_root/<name>
     prefix: str              # system user of learner NAME: prefix + NAME
     log: Path
     process: subprocess.Popen
     users: list[str] = field(default_factory=list)
+    net: Net | None = None
+
+    @property
+    def cert(self) -> Path:
+        return self.hub_dir / "tls" / "hub.crt"
+
+    def printed(self, pattern: str) -> str | None:
+        """The first group of `pattern` in what `course hub` printed."""
+        import re
+
+        m = re.search(pattern, self.log.read_text(errors="replace"))
+        return m.group(1) if m else None
 
     @property
     def collection(self) -> Path:
@@ -146,12 +211,24 @@ def _stop(hub: Hub) -> None:
     shutil.rmtree(hub.home_root.parent, ignore_errors=True)
 
 
+def _opener(cert: Path):
+    """urllib over HTTPS trusting only the hub's own certificate (which must name its IP)."""
+    import ssl
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=str(cert))
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                       urllib.request.HTTPSHandler(context=context))
+
+
 @pytest.fixture
 def hub(tmp_path: Path):
-    """`course hub` on a free loopback port, with learners `ana` and `bo` to log in."""
+    """`course hub` over HTTPS on the host's end of a fresh veth pair (a free port), with
+    learners `ana` and `bo` to log in and the browser's network namespace at the other end."""
     reason = why_not()
     if reason:
         pytest.skip(reason)
+    net = Net.make()
     homes = Path(tempfile.mkdtemp(prefix="course-hub-homes-", dir="/tmp"))
     os.chmod(homes, 0o755)  # learners enter it to reach their own (0700) homes
     extra = tmp_path / "extra_config.py"
@@ -159,6 +236,7 @@ def hub(tmp_path: Path):
     port = _free_port()
     prefix = f"ct{os.getpid() % 100000}-"
     command = [str(Path(sys.executable).parent / "course"), "hub", "--port", str(port),
+               "--ip", net.host,
                "--dir", str(tmp_path / "hub"), "--home-root", str(homes / "home"),
                "--user-prefix", prefix, "--extra-config", str(extra)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY_"))}
@@ -168,18 +246,18 @@ def hub(tmp_path: Path):
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
-    hub = Hub(f"http://127.0.0.1:{port}/", tmp_path / "hub", homes / "home", prefix, log,
-              process, users=["ana", "bo"])
+    hub = Hub(f"https://{net.host}:{port}/", tmp_path / "hub", homes / "home", prefix, log,
+              process, users=["ana", "bo"], net=net)
     try:
         deadline = time.monotonic() + HUB_START_TIMEOUT_S
         while True:
             if process.poll() is not None:
                 pytest.fail(f"course hub exited with {process.returncode}:\n{hub.log_tail()}")
             try:
-                with _LOCAL.open(hub.url + "hub/api/", timeout=5) as r:
+                with _opener(hub.cert).open(hub.url + "hub/api/", timeout=5) as r:
                     if json.loads(r.read()).get("version"):
                         break
-            except (urllib.error.URLError, OSError, ValueError):
+            except (urllib.error.URLError, OSError, ValueError):  # ssl errors are OSErrors
                 pass
             if time.monotonic() > deadline:
                 pytest.fail(f"the hub did not answer in {HUB_START_TIMEOUT_S} s:\n"
@@ -187,4 +265,7 @@ def hub(tmp_path: Path):
             time.sleep(0.25)
         yield hub
     finally:
-        _stop(hub)
+        try:
+            _stop(hub)
+        finally:
+            net.remove()
