@@ -77,6 +77,7 @@ class FakeHubAuth:
 
     access_scopes = None
     login_url = "/hub/login"
+    base_url = "/services/room/"
     users = {"tok-ana": {"name": "ana", "kind": "user",
                          "scopes": ["access:services!service=handin"]},
              "tok-bo": {"name": "bo", "kind": "user",
