@@ -74,8 +74,8 @@ CORRECT = [
 GENERIC_WRONG = generic_wrong_answers("think about it")
 # (check, malformed prediction or wrong why, words its feedback must hold): test_checks_generic
 PREDICTION_MISTAKES = [
-    (check.head_why, "a", "not zeroing the circuit"),
-    (check.head_why, "c", "do not cover for it"),
+    (check.head_why, "b", "only through its d_head columns"),
+    (check.head_why, "c", "run side by side"),
     (check.one_head_accuracy, None, "None"),
     (check.one_head_accuracy, 1.5, "outside the possible range [0, 1]"),
     (check.one_head_accuracy, "high", "between 0 and 1"),
@@ -103,7 +103,7 @@ def test_the_prediction_is_committed_then_shown(capsys):
     assert "Recorded" in out and "the model scores 0.83" in out
     check.one_head_accuracy(0.85)   # the first commit counts
     assert "you predicted 0.03" in capsys.readouterr().out
-    check.head_why("b")
+    check.head_why("a")
     forget()
 
 
