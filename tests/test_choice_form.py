@@ -47,6 +47,7 @@ CHECKS = ROOT / "course_lib" / "checks"
 
 LENGTH_RATIO_MAX = 1.35   # longest option / shortest option, per item
 HINT_SHARE_MAX = 0.34     # of the right option's content words one hint tier may hold
+HINT_LEAD_MAX = 0.10      # ... more than of the closest distractor's (about a word: noise)
 
 HEDGES = ("most", "mostly", "some", "partly", "part", "not all", "about", "roughly",
           "unevenly", "nearly", "almost", "a little", "somewhat", "can", "may", "might",
@@ -66,50 +67,48 @@ one two same other others each every all any only more most less least very just
 # which options those numbers refute ({letter: why}); an empty dict: none of them.
 PRINTOUTS: dict[str, dict] = {
     "ch01.temperature_why": {
-        "printed": ("scores (one per key): [ 2.  1. -2. -1.]", "returns 10.00 with weights "
-                    "[1.0, 0.0, 0.0, 0.0]", "returns 24.85 with weights [0.255, 0.252, 0.245,"
-                    " 0.247]"),
-        "refuted": {"a": "the weights change with the temperature; rescaled values would "
-                         "leave them alone",
-                    "c": "hot returns 24.85, not the first value"},
+        "printed": ("scores (one per key): [ 2.  1. -2. -1.]",
+                    "returns 10.00 with weights [1.0, 0.0, 0.0, 0.0]",
+                    "returns 24.85 with weights [0.255, 0.252, 0.245, 0.247]"),
+        "refuted": {},  # a cut-off, an overflow onto key 0 (the best key): both give 10 and ~25
     },
     "ch02.shuffle_why": {
         "printed": ("differ from the original outputs by up to 2.789", "by less than 1e-9"),
-        "refuted": {"a": "the outputs differ by up to 2.789", "b": "the shuffled original "
-                    "matches to 1e-9"},
+        "refuted": {},  # a symmetric grid, row-wise maps: both predict outputs that only move
     },
     "ch03.entropy_why": {
         "printed": ("unscaled 0.59 nats", "scaled 3.69 nats", "log 64 = 4.16"),
-        "refuted": {"a": "scaled is 3.69, not 4.16", "b": "0.59 and 3.69 are not close"},
+        "refuted": {},  # large mean scores, spread from the 64 keys (n = d_k): both fit
     },
     "ch05.flop_why": {
         "printed": ("393,216 FLOPs with 1 head", "3,145,728 with 4 heads", "8x"),
-        "refuted": {"a": "8x, not 4x", "b": "8x, not 16x", "c": "8x, not 1x"},
+        "refuted": {},  # geometric mean, doubling per head, rates swapped: each gives 8x
     },
     "ch06.ratio_why": {
         "printed": ("this attention keeps 2,048 times the RNN's numbers",),
-        "refuted": {"a": "2n = 200,000, not 2,048", "c": "32 · 4096 is not 2,048"},
+        "refuted": {},  # W = d = 4096 and 32 layers = 32 heads: each wrong count gives 2,048
     },
     "ch07.blind_why": {
         "printed": ("moves the masked outputs by below 1e-5",),
-        "refuted": {},
+        "refuted": {},  # a fixed mask, uniform weights: both predict a blind layer
     },
     "ch08.fraction_why": {
         "printed": ("spends 0.5625 of the full FLOPs (36 of the 64 tiles)",),
-        "refuted": {"a": "0.5625, not 0.5", "c": "0.5625, not 1"},
+        "refuted": {},  # 28 + 8 tiles either way: an extra softmax tile, half tiles rounded up
     },
     "ch09.crossover_why": {
         "printed": ("n = 6144 tokens", "scores+blend = 154.6 GFLOP and the rest = 154.6 GFLOP"),
-        "refuted": {"a": "6144 is 6d, not 4d"},
+        "refuted": {},  # a fixed length, a head-count dependence: both give 6,144 at d = 1024
     },
     "ch10.head_why": {
         "printed": ("the model scores 0.83 (1.00 with every head)",),
-        "refuted": {"a": "0.83 is not the one-layer level", "c": "0.83, not 1.00"},
+        "refuted": {},  # a leak through the residual, heads that take over: both fit 0.83
+    },
+    "ch11.values_why": {
+        "printed": ("the model scores 1.00 (1.00 as trained; 0.10 with its keys patched",),
+        "refuted": {},  # values that never matter, an MLP reading the clean stream: both fit 1.00
     },
 }
-
-# The nine items are being rewritten to pass (issue: "multiple choice decided by form").
-pytestmark = pytest.mark.xfail(reason="the choice items are being rewritten", strict=False)
 
 _OPTION = re.compile(r'^\* `"([a-z])"`: (.*)$')
 _ANSWER = re.compile(r'^\s*(\w+)\s*=\s*"([a-z])"', re.M)
@@ -179,7 +178,8 @@ def _notebooks() -> dict[str, list[dict]]:
             for p in sorted((ROOT / "solutions").glob("*.ipynb"))}
 
 
-def _item(chapter: str, name: str, letters: str) -> Item:
+def _item(chapter: str, name: str, letters: str) -> Item | None:
+    """The item as a learner meets it, or None while no solution notebook holds its answer."""
     grade_id = f"{chapter}_{name}"
     for cells in _notebooks().values():
         at = [i for i, c in enumerate(cells)
@@ -198,13 +198,16 @@ def _item(chapter: str, name: str, letters: str) -> Item:
                     tiers=tuple(dict.fromkeys((*chapter_hints(chapter).get(name, ()),
                                                *hints_in(_source(cell))))),
                     outputs="".join(_output_text(c) for c in cells[start:md]))
-    raise AssertionError(f"no solution notebook has the answer cell {grade_id} of {chapter}."
-                         f"{name}")
+    return None
 
 
 @cache
+def _found() -> dict[str, Item | None]:
+    return {f"{d[0]}.{d[1]}": _item(*d) for d in _declared_choices()}
+
+
 def items() -> tuple[Item, ...]:
-    return tuple(_item(*d) for d in _declared_choices())
+    return tuple(item for item in _found().values() if item is not None)
 
 
 def _count(words: tuple[str, ...], text: str) -> int:
@@ -227,7 +230,7 @@ def _pick(item: Item, score: Callable[[str], float]) -> float:
 
 
 def _uncontradicted(item: Item) -> float:
-    refuted = set(PRINTOUTS[item.check_id]["refuted"])
+    refuted = set(PRINTOUTS.get(item.check_id, {}).get("refuted", {}))
     standing = [letter for letter in item.letters if letter not in refuted]
     return 1 / len(standing) if item.right in standing else 0.0
 
@@ -252,6 +255,8 @@ def _ids() -> list[str]:
 
 
 def test_the_course_has_choice_items_and_each_reads_whole():
+    homeless = [cid for cid, item in _found().items() if item is None]
+    assert not homeless, f"no solution notebook holds the answer cell of {homeless}"
     assert len(items()) >= 9
     for item in items():
         assert "".join(sorted(item.options)) == item.letters, (
@@ -309,8 +314,9 @@ def test_no_hint_tier_restates_the_right_option(check_id):
         seen = _content(tier)
         share = {letter: len(w & seen) / len(w) for letter, w in words.items() if w}
         right = share.pop(item.right)
-        if right > HINT_SHARE_MAX or right > max(share.values()):
+        if right > HINT_SHARE_MAX or right > max(share.values()) + HINT_LEAD_MAX:
             problems.append(f"tier {n} holds {right:.0%} of the right option's content words "
-                            f"(at most {HINT_SHARE_MAX:.0%}), the distractors' "
+                            f"(at most {HINT_SHARE_MAX:.0%}, and at most {HINT_LEAD_MAX:.0%} "
+                            f"more than of a distractor's), the distractors' "
                             f"{', '.join(f'{x} {s:.0%}' for x, s in share.items())}: {tier!r}")
     assert not problems, f"{check_id}:\n" + "\n".join(problems)
