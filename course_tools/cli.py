@@ -177,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", type=float, default=1.0, help="CPU cores per learner (1)")
     p.add_argument("--idle", type=int, default=3600,
                    help="seconds before an idle kernel or server is shut down (3600)")
+    p.add_argument("--ssl-cert", default=None,
+                   help="the room's TLS certificate (PEM); off loopback without one, the hub "
+                        "makes a self-signed one and prints its fingerprint")
+    p.add_argument("--ssl-key", default=None, help="the private key of --ssl-cert (PEM)")
+    p.add_argument("--insecure-http", action="store_true",
+                   help="serve plain HTTP on a non-loopback address (passwords cross the network "
+                        "in clear: a network you trust only)")
     p.add_argument("--extra-config", default=None, help="a jupyterhub_config.py loaded last")
     p.set_defaults(func=cmd_hub)
 

@@ -582,6 +582,15 @@ def test_off_loopback_the_hub_serves_https_with_a_certificate_for_its_address(tm
     monkeypatch.setenv("COURSE_HUB_SSL_KEY", str(made.key))
     c = PyFileConfigLoader(CONFIG_FILE.name, str(CONFIG_FILE.parent)).load_config()
     assert (c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key) == (str(made.cert), str(made.key))
+    # `course hub --ssl-cert/--ssl-key/--insecure-http` reach the same choice as the variables
+    from course_tools.hub.launch import _option
+
+    monkeypatch.delenv("COURSE_HUB_SSL_CERT")
+    args = build_parser().parse_args(["hub", "--ip", "10.7.0.1", "--ssl-cert", "c.pem",
+                                      "--ssl-key", "k.pem", "--insecure-http"])
+    assert (_option(args, "ssl_cert"), _option(args, "ssl_key"), args.insecure_http) == \
+        ("c.pem", "k.pem", True)
+    assert _option(build_parser().parse_args(["hub"]), "ssl_cert") is None
 
 
 # ---------------------------------------------------------------- Kubernetes, with KubeSpawner
