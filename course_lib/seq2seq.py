@@ -305,7 +305,8 @@ def score(model: Seq2Seq, batch_of_sentences: list[list[str]]) -> dict:
     word_accuracy: the fraction of the reference's words (and its <eos>) that the model writes at
     the right place; sentence_accuracy: the fraction of sentences entirely right; on_source_word:
     the fraction of target words whose largest attention weight falls on the source word they
-    translate (None without attention). Lists run over LENGTH_BINS.
+    translate (None without attention). Lists run over LENGTH_BINS; `where_it_looks` (over the
+    whole batch, None without attention) says where the decoder looks for each kind of word.
     """
     model.eval()
     (source, _), target_out = encode(batch_of_sentences)
@@ -315,11 +316,12 @@ def score(model: Seq2Seq, batch_of_sentences: list[list[str]]) -> dict:
     words = keep.sum(1)
     per_sentence = right.sum(1) / words                                 # (B,)
     whole = right.sum(1) == words
-    on_word = None
+    on_word = looks = None
     if weights is not None:
         looked = weights.argmax(-1).tolist()                            # (B, m) source positions
         on_word = torch.tensor([sum(looked[b][i] == j for i, j in enumerate(alignment(s)))
                                 / len(s) for b, s in enumerate(batch_of_sentences)])
+        looks = where_it_looks(weights, batch_of_sentences)
     lengths = (source != 0).sum(1)
     out = {"bins": [list(b) for b in LENGTH_BINS], "count": [], "word_accuracy": [],
            "sentence_accuracy": [], "on_source_word": None if on_word is None else []}
@@ -330,7 +332,39 @@ def score(model: Seq2Seq, batch_of_sentences: list[list[str]]) -> dict:
         out["sentence_accuracy"].append(round(float(whole[sel].float().mean()), 4))
         if on_word is not None:
             out["on_source_word"].append(round(float(on_word[sel].mean()), 4))
+    out["where_it_looks"] = looks
     return out
+
+
+ROLES = {"D": "determiner", "A": "adjective", "N": "noun", "C": "and", "V": "verb"}
+
+
+def where_it_looks(weights: torch.Tensor, batch_of_sentences: list[list[str]]) -> dict:
+    """Where the decoder looks while writing each kind of word, over a batch of translations.
+
+    weights: (B, m, n) cross-attention weights of the decoder steps that write the reference
+    translation (m >= its length). Returns `on_own_word`, per role (determiner, adjective, noun,
+    and, verb), the fraction of target words whose largest weight falls on the source word they
+    translate, and `verb_weight`, the verb's mean weight on its own source word, on the words
+    before it and on the words after it.
+    """
+    if not isinstance(weights, torch.Tensor) or weights.dim() != 3 \
+            or len(weights) != len(batch_of_sentences):
+        raise wrong_shape("weights", weights, f"(batch={len(batch_of_sentences)}, m, n)")
+    looked = weights.argmax(-1).tolist()                                # (B, m)
+    hits: dict[str, list[bool]] = {role: [] for role in ROLES.values()}
+    verb = {"on_itself": 0.0, "before": 0.0, "after": 0.0}
+    for b, words in enumerate(batch_of_sentences):
+        for i, j in enumerate(alignment(words)):
+            hits[ROLES[_TAG[words[j]]]].append(looked[b][i] == j)
+        i, j = len(words) - 1, next(j for j, w in enumerate(words) if w in VERBS)  # verb: last
+        row = weights[b, i]                                             # (n,)
+        verb["on_itself"] += float(row[j])
+        verb["before"] += float(row[:j].sum())
+        verb["after"] += float(row[j + 1:].sum())
+    count = len(batch_of_sentences)
+    return {"on_own_word": {role: round(sum(h) / len(h), 4) for role, h in hits.items()},
+            "verb_weight": {key: round(value / count, 4) for key, value in verb.items()}}
 
 
 # ---------------------------------------------------------------- the recorded sweep

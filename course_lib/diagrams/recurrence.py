@@ -123,16 +123,20 @@ def draw_length_curves(runs: list[dict], ax=None, title: str = ""):
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["attention"], r["steps"]), []).append(r)
-    style = {"none": ("tab:grey", "o"), "additive": ("tab:green", "^"), "dot": ("tab:blue", "s")}
+    # additive: large hollow triangles, so they stay visible where the dot product's line lies on
+    # top of them (both at 1.0)
+    style = {"none": ("tab:grey", "o", 5, None), "additive": ("tab:green", "^", 9, "none"),
+             "dot": ("tab:blue", "s", 4, None)}
     steps_all = sorted({s for _, s in groups})
     for (attention, steps), rows in groups.items():
         x = [(lo + hi) / 2 for lo, hi in rows[0]["bins"]]
         acc = torch.tensor([r["word_accuracy"] for r in rows])          # (seeds, bins)
-        colour, marker = style.get(attention, ("black", "x"))
+        colour, marker, size, face = style.get(attention, ("black", "x", 5, None))
         dashed = len(steps_all) > 1 and steps == steps_all[0]
         name = "no attention" if attention == "none" else f"{attention} attention"
-        ax.plot(x, acc.mean(0), marker + ("--" if dashed else "-"), color=colour, ms=5,
-                label=f"{name}, {steps} steps ({len(rows)} seeds)", gid=f"{attention} {steps}")
+        ax.plot(x, acc.mean(0), marker + ("--" if dashed else "-"), color=colour, ms=size,
+                markerfacecolor=face, label=f"{name}, {steps} steps ({len(rows)} seeds)",
+                gid=f"{attention} {steps}")
         ax.fill_between(x, acc.min(0).values, acc.max(0).values, color=colour, alpha=0.15)
     bins = runs[0]["bins"]
     ax.set_xticks([(lo + hi) / 2 for lo, hi in bins], [f"{lo}-{hi}" for lo, hi in bins])
