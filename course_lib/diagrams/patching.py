@@ -210,14 +210,14 @@ def draw_route(words, hops, ax=None, threshold: float = 0.1, labels: dict | None
         peak = y + lift / 2  # a quadratic Bezier reaches half its control point's height
         peaks.append(peak)
         if a["strongest"]:
-            ax.text((a["query"] + a["key"]) / 2, peak + 0.05 * sign, f"{a['weight']:.2f}",
+            ax.text((a["query"] + a["key"]) / 2, peak + 0.12 * sign, f"{a['weight']:.2f}",
                     ha="center", va="bottom" if above else "top", fontsize=9,
                     color=colour[a["layer"]])
     for layer in layers:
         text = f", {labels[layer]}" if labels and layer in labels else ""
         ax.plot([], [], color=colour[layer], lw=2.5,
                 label=f"layer {layer}{text} ({'above' if layer % 2 == 0 else 'below'})")
-    top, bottom = max(peaks + [0.3]) + 0.45, min(peaks + [-0.3]) - 0.45
+    top, bottom = max(peaks + [0.3]) + 0.6, min(peaks + [-0.3]) - 0.6
     ax.set_xlim(-0.7, len(words) - 0.3)
     ax.set_ylim(bottom, top)
     ax.legend(fontsize=8, loc="lower left", frameon=False)
