@@ -29,10 +29,11 @@ from course_lib.checks._check import Check
 from course_lib.checks._core import CheckFailure
 from course_lib.checks._data import OutcomeError, encode, load_outcomes
 from course_lib.checks._hints import hint
-from course_lib.checks._predict import commit_info, parse_records
+from course_lib.checks._predict import commit_info, parse_records, plain_literal
 from course_lib.checks._probe import load_tampered, probe
 from course_lib.checks._registry import all_checks, get
 from course_lib.checks._trap import ReferenceCall
 
 __all__ = ["Check", "CheckFailure", "OutcomeError", "ReferenceCall", "all_checks", "commit_info",
-           "encode", "get", "hint", "load_outcomes", "load_tampered", "parse_records", "probe"]
+           "encode", "get", "hint", "load_outcomes", "load_tampered", "parse_records", "plain_literal",
+           "probe"]

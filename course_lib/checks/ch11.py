@@ -49,7 +49,6 @@ KERNEL_HALF = ("_block_run", "_answer_run", "_accuracy_run", "_load_model", "_un
 
 SIDES = ("none", "queries", "keys", "values")
 
-
 def _undecorated(module, *names: str) -> types.ModuleType:
     """A stand-in for `module` holding the functions `names` as written, without their
     `@torch.no_grad()` wrapper. The trap watches the code a forbidden function runs, and a
@@ -59,7 +58,6 @@ def _undecorated(module, *names: str) -> types.ModuleType:
     for name in names:
         setattr(stand_in, name, inspect.unwrap(getattr(module, name)))
     return stand_in
-
 
 # The course's own routes to a patched block: the lecture's patch, and the attention modules
 # whose forward would do the exercise's work (torch's too).
@@ -80,7 +78,6 @@ ACCURACY_BATCH, MISTAKE_ATOL = 64, 0.025
 # exercise 1 (build): block 1 with one side from the ablated stream
 # ------------------------------------------------------------------------------------------------
 
-
 def _block_cases(seed: int, hidden: bool) -> list:
     g = torch.Generator().manual_seed(1100 + seed)
     sizes = [(2, 6, 8, 2, 16), (1, 7, 12, 3, 24)]
@@ -96,7 +93,6 @@ def _block_cases(seed: int, hidden: bool) -> list:
                           "ablated": ablated, "side": side})
     return cases
 
-
 def _block_run(fn, case):
     d, d_mlp = case["clean"].shape[-1], case["params"]["mlp.0.weight"].shape[0]
     block = TransformerBlock(d, case["num_heads"], d_mlp).double()
@@ -105,7 +101,6 @@ def _block_run(fn, case):
     with torch.no_grad():
         return call(fn, block, case["clean"].clone(), case["ablated"].clone(), case["side"],
                     name="patched_block")
-
 
 def _patched(block, clean, ablated, side, *, kind="right"):
     """Block `block` run on `clean` with its `side` computed from `ablated` (the check's
@@ -147,17 +142,14 @@ def _patched(block, clean, ablated, side, *, kind="right"):
     x = base + attended
     return x + block.mlp(block.ln2(x)), weights
 
-
 def _rope(x):
     from course_lib.position import apply_rope
     return apply_rope(x)
-
 
 def _block_mistake(kind: str, message: str, when=None) -> Mistake:
     return Mistake(f"patched_block(block, clean, ablated, side={{side!r}}): {message}",
                    partial(_patched, kind=kind), atol=1e-8, rtol=1e-6,
                    detail=lambda case, got: {"side": case["side"]}, when=when)
-
 
 @function_check(1, run=_block_run, grade="patch", cases=_block_cases, forbid=BLOCK_ROUTES,
                 reference=_patched, mistakes=(
@@ -209,11 +201,9 @@ def patched_block(cases: list, outcomes: list) -> str:
             f"or its values from the ablated stream, on {len(cases) // len(SIDES)} random "
             "blocks.")
 
-
 # ------------------------------------------------------------------------------------------------
 # exercise 2 (debug): the weight on the answer, over the scored queries only
 # ------------------------------------------------------------------------------------------------
-
 
 def _answer_cases(seed: int, hidden: bool) -> list:
     g = torch.Generator().manual_seed(1110 + seed)
@@ -231,7 +221,6 @@ def _answer_cases(seed: int, hidden: bool) -> list:
                       "answer_at": torch.where(scored, at, -1)})
     return cases
 
-
 def _answer_weight(weights, answer_at, *, kind="right"):
     """(heads,): each head's mean weight on the answer over the scored queries (the reference),
     or a wrong version: "wrap", the planted bug (answer_at = -1 indexes the LAST key and the
@@ -248,10 +237,8 @@ def _answer_weight(weights, answer_at, *, kind="right"):
     scored = answer_at >= 0
     return on[scored].mean(dim=0)
 
-
 def _answer_run(fn, case):
     return call(fn, case["weights"].clone(), case["answer_at"].clone(), name="answer_weight")
-
 
 @function_check(2, run=_answer_run, grade="answer_weight", cases=_answer_cases,
                 reference=_answer_weight, mistakes=(
@@ -279,7 +266,6 @@ def answer_weight(cases: list, outcomes: list) -> str:
     return ("answer_weight: each head's mean weight on the answer, over the scored queries "
             "only.")
 
-
 # ------------------------------------------------------------------------------------------------
 # exercises 3 and 4: the shipped models patched (measured here, in the judge's process)
 # ------------------------------------------------------------------------------------------------
@@ -289,7 +275,6 @@ _MODELS = {"induction": ("pretrained", "induction_2layer"),
            "question in the middle": ("composition", "middle_2layer"),
            "pairs": ("pretrained", "pairs_transformer")}
 
-
 def _load_model(name):
     from course_lib.stacking import pretrained
 
@@ -298,11 +283,9 @@ def _load_model(name):
     model.eval()
     return model
 
-
 @functools.cache
 def _judge_model(name):
     return _load_model(name)
-
 
 def _task_batch(name: str, seed: int, size: int):
     from course_lib.stacking import pretrained
@@ -316,11 +299,9 @@ def _task_batch(name: str, seed: int, size: int):
         return PairsTask(**pretrained.SPECS["pairs_transformer"]["task_args"]).batch(g, size)
     return composition.BATCHES["first" if name == "question first" else "middle"](g, size)
 
-
 def _accuracy(logits, targets):
     keep = targets >= 0
     return float((logits.argmax(-1)[keep] == targets[keep]).float().mean())
-
 
 @torch.no_grad()
 def _streams(model, tokens):
@@ -331,7 +312,6 @@ def _streams(model, tokens):
     with ablate_head(model, 0, list(range(model.blocks[0].attn.num_heads))):
         return clean, composition.stream_before(model, tokens, 1)
 
-
 @torch.no_grad()
 def _logits_after(model, x):
     """The logits from block 1's output x: the later blocks, ln_f, lm_head."""
@@ -340,7 +320,6 @@ def _logits_after(model, x):
     for later in model.blocks[2:]:
         x = later(x, mask, positions=torch.arange(n))
     return model.lm_head(model.ln_f(x))
-
 
 @torch.no_grad()
 def _patched_accuracy(model, tokens, targets, side, *, kind="right"):
@@ -360,7 +339,6 @@ def _patched_accuracy(model, tokens, targets, side, *, kind="right"):
         return float((logits.argmax(-1) == targets).float().mean())
     return _accuracy(logits, targets)
 
-
 @functools.cache
 def _values_patched() -> tuple[float, float]:
     """(accuracy as trained, accuracy with block 1's values from the ablated stream) of the
@@ -373,7 +351,6 @@ def _values_patched() -> tuple[float, float]:
                                                                 side)[0]), targets)
                      for side in ("none", "values"))
 
-
 @commit_check(3, read=partial(read_number, what="predicted_accuracy", low=0.0, high=1.0,
                               kind="an accuracy between 0 and 1"), grade="predict")
 def values_accuracy(got: float) -> str:
@@ -382,9 +359,7 @@ def values_accuracy(got: float) -> str:
             f"model scores {values:.2f} ({clean:.2f} as trained; 0.10 with its keys patched, in "
             f"the lecture); you predicted {got:.2f}.")
 
-
 values_why = choice_check(3, "values_why", "abc", module=__name__)
-
 
 def _accuracy_cases(seed: int, hidden: bool) -> list:
     plan = [("induction", 101, ("queries", "keys", "values")),
@@ -401,17 +376,14 @@ def _accuracy_cases(seed: int, hidden: bool) -> list:
                   for side in sides]
     return cases
 
-
 def _tolerance(case: dict) -> float:
     """An accuracy agrees to within one or two scored positions (rounding can flip a near tie)."""
     return max(0.01, 1.5 / int((case["targets"] >= 0).sum()))
-
 
 def _accuracy_run(fn, case):
     model = _load_model(case["model"])
     return call(fn, model, case["tokens"].clone(), case["targets"].clone(), case["side"],
                 name="patched_accuracy")
-
 
 def _measure(kind):
     """A measurement with the learner's signature, run on the judge's own copy of the model."""
@@ -419,10 +391,8 @@ def _measure(kind):
         return _patched_accuracy(model, tokens, targets, side, kind=kind)
     return measure
 
-
 def _where(case: dict, got) -> dict:
     return {"model": case["model"], "side": case["side"]}
-
 
 @function_check(4, run=_accuracy_run, grade="patching", cases=_accuracy_cases,
                 forbid=PATCH_ROUTES, reference=_measure("right"), mistakes=(

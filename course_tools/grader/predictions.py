@@ -111,8 +111,7 @@ def _clock(t: float) -> str:
 
 def judge_service(check: Any, record: dict, info: dict, flags: list[str]) -> Verdict:
     """The verdict on one committing check from the hub's record of the learner."""
-    from course_lib.checks import CheckFailure
-    from course_lib.checks._predict import plain_literal
+    from course_lib.checks import CheckFailure, plain_literal
 
     kept = (record.get("commits") or {}).get(check.id)
     try:
