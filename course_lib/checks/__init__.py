@@ -35,5 +35,5 @@ from course_lib.checks._registry import all_checks, get
 from course_lib.checks._trap import ReferenceCall
 
 __all__ = ["Check", "CheckFailure", "OutcomeError", "ReferenceCall", "all_checks", "commit_info",
-           "encode", "get", "hint", "load_outcomes", "load_tampered", "parse_records", "plain_literal",
-           "probe"]
+           "encode", "get", "hint", "load_outcomes", "load_tampered", "parse_records",
+           "plain_literal", "probe"]
